@@ -1,0 +1,3 @@
+from sbcli.cli.app import main
+
+main()

@@ -1,0 +1,223 @@
+"""The Python face of sbcli: one function per command, so a notebook can do what the terminal does.
+
+Nothing here renders; progress and results reach the caller through callbacks and return values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from sbcli import __version__
+from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
+from sbcli.data.imageset import ImageSet
+from sbcli.data.scenario import make_scenario
+from sbcli.engine import Engine, ProgressEvent, TrainConfig
+from sbcli.errors import ConfigError, DataError, DeviceError, LearnerError
+from sbcli.learner import Learner, LearnerState
+from sbcli.memory import ExemplarMemory
+from sbcli.methods import build_config
+from sbcli.metrics import summary
+from sbcli.nets import create_model, list_models
+from sbcli.steps import StepSummary, evaluate_learner, learn_step
+
+ProgressFn = Callable[[ProgressEvent], None]
+StepFn = Callable[[StepSummary], None]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything a run is configured with, built once at the boundary (the CLI)."""
+
+    method: str = "sb"
+    method_options: dict[str, Any] = field(default_factory=dict)
+    arch: str = "resnet18"
+    width: float = 1.0
+    train: TrainConfig = TrainConfig()
+    memory: int = 2000
+    selection: str = "random"
+    seed: int = 0
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class SequenceOptions:
+    """What to learn: a source, its class order and its cut into tasks."""
+
+    source: str | None = None
+    test: str | None = None
+    data_root: str | None = None
+    download: bool = False
+    image_size: int | None = None
+    tasks: int | None = None
+    base: int | None = None
+    increment: int | None = None
+    order_seed: int | None = 0
+    class_order: list[int] | None = None
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present. Raises DeviceError when CUDA is asked for and absent."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise DeviceError("--device cuda was asked for but this machine has no CUDA GPU; use --device cpu or auto.")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise DeviceError(f"--device {name} is unknown; use auto, cpu or cuda.")
+    return torch.device(name)
+
+
+def _check_run(run: RunOptions) -> torch.device:
+    if run.arch not in list_models():
+        raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
+    if run.width <= 0:
+        raise ConfigError("--width must be positive (e.g. 0.25 for a quarter-width network).")
+    if run.train.epochs < 1 or run.train.batch_size < 1:
+        raise ConfigError("--epochs and --batch-size must be at least 1.")
+    build_config(run.method, run.method_options)
+    ExemplarMemory(run.memory, run.selection, run.seed)
+    return resolve_device(run.device)
+
+
+def _new_state(run: RunOptions, image_size: int, norm: dict, plan: dict, dataset: str) -> LearnerState:
+    cfg = build_config(run.method, run.method_options)
+    return LearnerState(
+        arch=run.arch, width=run.width, image_size=image_size, normalization=norm, method=run.method,
+        method_config=dataclasses.asdict(cfg), train_config=dataclasses.asdict(run.train),
+        memory={"budget": run.memory, "selection": run.selection, "seed": run.seed}, seed=run.seed, plan=plan,
+        provenance={"dataset": dataset, "sbcli_version": __version__, "torch_version": torch.__version__,
+                    "python": platform.python_version()},
+    )
+
+
+def _check_out(out: Path, resume: bool) -> None:
+    if resume and not (out / "learner.json").is_file():
+        raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
+    if not resume and out.exists() and any(out.iterdir()):
+        raise LearnerError(f"{out} already exists; pass --resume to continue it or choose another --out.")
+
+
+def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = False,
+          on_progress: ProgressFn | None = None, on_step: StepFn | None = None) -> Learner:
+    """Learn a whole task sequence, saving the learner to ``out`` after every step.
+
+    With ``resume``, continue the sequence stored at ``out`` from its last completed step.
+    """
+    out = Path(out)
+    device = _check_run(run)
+    _check_out(out, resume)
+    spec = resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
+                        download=seq.download)
+    opened = open_spec(spec)
+    names = opened.train.class_names
+    scenario = make_scenario(len(names), seq.order_seed, seq.tasks, seq.base, seq.increment, seq.class_order)
+    plan = {"source": spec, "scenario": scenario.to_json()}
+    if resume:
+        learner = Learner.load(out, device)
+        if learner.state.plan != plan:
+            raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
+    else:
+        norm = opened.norm or compute_normalization(opened.train.images)
+        state = _new_state(run, spec_image_size(spec), norm.to_json(), plan, spec["kind"])
+        model = create_model(run.arch, scenario.sizes[0], run.width).to(device)
+        learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
+    ordered = [names[c] for c in scenario.order]
+    torch.manual_seed(run.seed)
+    for step in range(learner.state.steps, len(scenario.sizes)):
+        new = [names[c] for c in scenario.tasks[step]]
+        seen = ordered[: sum(scenario.sizes[: step + 1])]
+        summary_ = _learn(learner, opened, new, seen, ordered, spec, device, run.seed, on_progress)
+        learner.save(out)
+        if on_step:
+            on_step(summary_)
+    return learner
+
+
+def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], ordered: list[str], spec: dict,
+           device: torch.device, seed: int, on_progress: ProgressFn | None) -> StepSummary:
+    train_set = relabel(opened.train, ordered, new)
+    test_set = relabel(opened.test, ordered, seen) if opened.test is not None else _empty(opened.train)
+    cfg = TrainConfig(**_tuples(learner.state.train_config))
+    engine = Engine(cfg, device, learner.norm, seed * 1000 + learner.state.steps, on_progress)
+    record = {"classes": new, "source": spec}
+    return learn_step(learner, train_set, test_set, new, engine, record)
+
+
+def _tuples(cfg: dict) -> dict:
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
+
+
+def _empty(like: ImageSet) -> ImageSet:
+    return ImageSet(like.images[:0], like.labels[:0], like.class_names)
+
+
+def load_test_sets(learner: Learner) -> ImageSet:
+    """The test images of every class the learner knows, reloaded from each task's source."""
+    parts: list[ImageSet] = []
+    for task in learner.state.tasks:
+        opened = open_spec(task["source"], train=False, test=True)
+        if opened.test is not None:
+            parts.append(relabel(opened.test, learner.state.class_names, task["classes"]))
+    if not parts:
+        raise DataError("The learner has no test images to evaluate on; give a test folder.")
+    return ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), learner.state.class_names)
+
+
+def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
+             epochs: int | None = None, on_progress: ProgressFn | None = None) -> StepSummary:
+    """Learn the classes of ``folder`` (class-per-folder) as a new task of the learner at ``learner_dir``.
+
+    Everything is checked before training; the learner on disk changes only when the step is done.
+    """
+    dev = resolve_device(device)
+    learner = Learner.load(learner_dir, dev)
+    spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=learner.state.image_size,
+                        data_root=None, download=False)
+    if spec["kind"] != "folder":
+        raise DataError(f"{folder} is not a class-per-folder directory; add-task takes one folder per new class.")
+    opened = open_spec(spec)
+    new = list(opened.train.class_names)
+    clash = sorted(set(new) & set(learner.state.class_names))
+    if clash:
+        raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
+    if epochs is not None:
+        learner.state.train_config["epochs"] = epochs
+    old_test = load_test_sets(learner) if learner.state.tasks else None
+    names = learner.state.class_names + new
+    train_set = relabel(opened.train, names, new)
+    parts = [p for p in (old_test, relabel(opened.test, names, new) if opened.test else None) if p is not None]
+    test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else _empty(train_set)
+    cfg = TrainConfig(**_tuples(learner.state.train_config))
+    engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
+    step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": spec})
+    learner.save(learner_dir)
+    return step
+
+
+def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto") -> dict:
+    """Accuracy of the learner now (on ``folder`` or the stored test sets) plus its history and summary."""
+    dev = resolve_device(device)
+    learner = Learner.load(learner_dir, dev)
+    state = learner.state
+    if folder is not None:
+        spec = resolve_spec(str(folder), test=None, image_size=state.image_size, data_root=None, download=False)
+        images = open_spec(spec, train=True, test=False).train
+        unknown = sorted(set(images.class_names) - set(state.class_names))
+        if unknown:
+            raise DataError(f"{folder} has classes the learner does not know ({', '.join(unknown)}); remove those folders.")
+        test = relabel(images, state.class_names, images.class_names)
+    else:
+        test = load_test_sets(learner)
+    engine = Engine(TrainConfig(**_tuples(state.train_config)), dev, learner.norm, state.seed)
+    metrics = evaluate_learner(learner, engine, test)
+    overall = [h["metrics"]["overall"] for h in state.history]
+    rows = [h["metrics"]["per_task"] for h in state.history]
+    return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
+            "test_images": len(test), "metrics": metrics.to_json(), "history": state.history,
+            "summary": summary(overall, rows)}

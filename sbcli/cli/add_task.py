@@ -1,0 +1,39 @@
+"""`sb add-task`: learn a new class set with the learner's own method."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sbcli.cli._errors import friendly_errors
+from sbcli.cli._options import DeviceOpt, EpochsOpt, JsonOpt, LearnerArg, TestOpt
+
+EPILOG = """Example:
+
+  sb add-task my-learner ./new-classes/train --test ./new-classes/val
+"""
+
+
+@friendly_errors
+def add_task(
+    learner: LearnerArg,
+    folder: Annotated[Path, typer.Argument(help="Class-per-folder training images of the new classes.", show_default=False)],
+    test: TestOpt = None,
+    epochs: EpochsOpt = None,
+    device: DeviceOpt = "auto",
+    json_out: JsonOpt = False,
+) -> None:
+    """Add a new class set to a learner (the learner is rewritten only when the step is done)."""
+    from sbcli import api
+    from sbcli.cli import render
+    from sbcli.learner import read_state
+
+    render.ERR.print(f"Adding the classes of {folder} to {learner}", highlight=False)
+    step = api.add_task(learner, folder, test, device=device, epochs=epochs, on_progress=render.ProgressPrinter(5))
+    history = read_state(learner).history
+    if json_out:
+        render.print_json({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(), "history": history})
+        return
+    render.OUT.print(render.history_table(history))

@@ -1,0 +1,42 @@
+"""Assemble the `sb` command from one module per command. No torch import here."""
+
+from __future__ import annotations
+
+import typer
+
+from sbcli import __version__
+from sbcli.cli import add_task, evaluate, train
+
+app = typer.Typer(
+    name="sb",
+    help="Grow an image classifier class set by class set with Split-and-Bridge (and its baselines).",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+)
+app.command("train", epilog=train.EPILOG)(train.train)
+app.command("add-task", epilog=add_task.EPILOG)(add_task.add_task)
+app.command("evaluate", epilog=evaluate.EPILOG)(evaluate.evaluate)
+
+
+@app.command("methods")
+def methods() -> None:
+    """List the registered methods and architectures."""
+    from sbcli.methods import METHODS
+    from sbcli.nets import list_models
+
+    for name in METHODS.names():
+        typer.echo(f"{name:10s} {METHODS.get(name).summary}")
+    typer.echo("architectures: " + ", ".join(list_models()))
+
+
+@app.command("version")
+def version() -> None:
+    """Print the versions of sbcli and torch."""
+    import torch
+
+    typer.echo(f"sbcli {__version__} torch {torch.__version__}")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,47 @@
+"""`sb evaluate`: accuracy of a learner over every class seen, per task, old/new, intra-old/new."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sbcli.cli._errors import friendly_errors
+from sbcli.cli._options import DeviceOpt, JsonOpt, LearnerArg
+
+EPILOG = """Examples:
+
+  sb evaluate my-learner                  # on the test images of every task it learned
+
+  sb evaluate my-learner ./holdout --json # on a class-per-folder directory
+"""
+
+
+@friendly_errors
+def evaluate(
+    learner: LearnerArg,
+    folder: Annotated[Optional[Path], typer.Argument(help="Class-per-folder test images (default: the learner's own test sets).", show_default=False)] = None,
+    device: DeviceOpt = "auto",
+    json_out: JsonOpt = False,
+) -> None:
+    """Evaluate a learner now, and show its per-step history and summary."""
+    from sbcli import api
+    from sbcli.cli import render
+
+    result = api.evaluate(learner, folder, device=device)
+    if json_out:
+        render.print_json(result)
+        return
+    m = result["metrics"]
+    table = render.Table(title=f"{result['learner']}: {result['method']}, {result['classes']} classes, {result['test_images']} test images")
+    for col in ("accuracy", "old", "new", "intra-old", "intra-new", "per task"):
+        table.add_column(col, justify="right")
+    table.add_row(render.fmt(m["overall"]), render.fmt(m["old"]), render.fmt(m["new"]), render.fmt(m["intra_old"]),
+                  render.fmt(m["intra_new"]), " ".join(render.fmt(v, 1) for v in m["per_task"]))
+    render.OUT.print(table)
+    render.OUT.print(render.history_table(result["history"]))
+    ablation = render.ablation_table(result["history"])
+    if ablation is not None:
+        render.OUT.print(ablation)
+    render.OUT.print(render.summary_table(result["summary"]))

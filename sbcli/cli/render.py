@@ -1,0 +1,88 @@
+"""Rendering: progress on stderr, results (tables or JSON) on stdout."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+ERR = Console(stderr=True)
+OUT = Console(highlight=False)
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:.{digits}f}"
+
+
+class ProgressPrinter:
+    """Prints one line per epoch to stderr (every ``every`` epochs and the last of a phase)."""
+
+    def __init__(self, every: int = 1) -> None:
+        self.every = every
+
+    def __call__(self, event: Any) -> None:
+        if event.epoch % self.every == 0 or event.epoch == event.epochs:
+            ERR.print(f"task {event.task} · phase {event.phase} · epoch {event.epoch}/{event.epochs} · "
+                      f"loss {event.loss:.4f} · {event.images_per_s:,.0f} img/s", highlight=False)
+
+
+def step_line(step: Any) -> None:
+    m = step.metrics
+    ERR.print(f"[bold]step {step.step}[/] done: {step.num_classes} classes, accuracy {fmt(m.overall)} % "
+              f"(old {fmt(m.old)}, new {fmt(m.new)}) in {step.seconds:.1f} s", highlight=False)
+
+
+def history_table(history: list[dict], title: str = "Accuracy after each step (%)") -> Table:
+    table = Table(title=title)
+    for col in ("step", "classes", "accuracy", "old", "new", "intra-old", "intra-new", "per task"):
+        table.add_column(col, justify="right" if col != "per task" else "left")
+    for h in history:
+        m = h["metrics"]
+        table.add_row(str(h["step"]), str(h["num_classes"]), fmt(m["overall"]), fmt(m["old"]), fmt(m["new"]),
+                      fmt(m["intra_old"]), fmt(m["intra_new"]), " ".join(fmt(v, 1) for v in m["per_task"]))
+    return table
+
+
+def ablation_table(history: list[dict]) -> Table | None:
+    """Split only (after B) / split + bridge (after C) / + WA, per split step."""
+    rows = [h for h in history if "after_C" in h.get("record", {})]
+    if not rows:
+        return None
+    table = Table(title="Split-and-Bridge ablation: accuracy (%)")
+    for col in ("step", "split (after B)", "split+bridge (after C)", "+WA", "cross norm before disconnect"):
+        table.add_column(col, justify="right")
+    for h in rows:
+        r = h["record"]
+        after_b = r.get("after_B", {}).get("overall")
+        table.add_row(str(h["step"]), fmt(after_b), fmt(r["after_C"]["overall"]), fmt(h["metrics"]["overall"]),
+                      fmt(r.get("cross_norm_before_disconnect"), 4))
+    return table
+
+
+def summary_table(summary: dict) -> Table:
+    table = Table(title="Summary (%)")
+    for col in ("avg incr. acc (2..T, paper)", "avg incr. acc (1..T)", "last", "forgetting"):
+        table.add_column(col, justify="right")
+    table.add_row(fmt(summary["avg_incremental_2_to_T"]), fmt(summary["avg_incremental_1_to_T"]),
+                  fmt(summary["last"]), fmt(summary["forgetting"]))
+    return table
+
+
+def print_json(data: Any) -> None:
+    """Strict JSON on stdout: NaN (no value, e.g. intra-old at step 1) becomes null."""
+    OUT.out(json.dumps(_strict(data), indent=2), highlight=False)
+
+
+def _strict(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(v) for v in value]
+    return value

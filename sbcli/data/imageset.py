@@ -1,0 +1,39 @@
+"""The in-memory image set every data source returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ImageSet:
+    """Decoded images of one split, ready to move to the training device.
+
+    Attributes:
+        images: uint8 tensor [N, 3, H, W] at the training resolution (RGB).
+        labels: int64 tensor [N]; ``labels[i]`` indexes ``class_names``.
+        class_names: the names of the classes, in label order.
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    class_names: list[str]
+
+    def __post_init__(self) -> None:
+        if self.images.dtype != torch.uint8 or self.images.ndim != 4 or self.images.shape[1] != 3:
+            raise ValueError(f"images must be uint8 [N, 3, H, W], got {self.images.dtype} {tuple(self.images.shape)}")
+        if self.labels.shape != (self.images.shape[0],):
+            raise ValueError("labels must be one per image")
+
+    def __len__(self) -> int:
+        return int(self.labels.shape[0])
+
+    @property
+    def image_size(self) -> int:
+        return int(self.images.shape[-1])
+
+    def subset(self, keep: torch.Tensor) -> "ImageSet":
+        """The images whose ``keep`` mask (bool [N]) or index tensor selects them."""
+        return ImageSet(self.images[keep], self.labels[keep], list(self.class_names))

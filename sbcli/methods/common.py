@@ -1,0 +1,49 @@
+"""Pieces shared by several methods: head rules, weight aligning, the first task."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sbcli.engine import Phase, StepOutputs
+from sbcli.losses import ce_loss
+from sbcli.methods.base import TaskContext, TaskResult
+from sbcli.nets.resnet import IncrementalResNet
+
+
+@torch.no_grad()
+def zero_head_bias(model: nn.Module) -> None:
+    """Keep the head bias at zero (phase A, WA training, the first task in the authors' code)."""
+    model.head.bias.zero_()
+
+
+@torch.no_grad()
+def clip_head_weights(model: nn.Module) -> None:
+    """Clip negative head weights to zero (the authors' code, first task only)."""
+    model.head.weight.clamp_(min=0.0)
+
+
+@torch.no_grad()
+def weight_align(model: IncrementalResNet, num_old: int) -> float:
+    """WA: scale the new classes' head rows by mean(||old rows||) / mean(||new rows||).
+
+    Biases are not touched. Returns the factor applied.
+    """
+    norms = model.head.weight.norm(dim=1)
+    factor = float(norms[:num_old].mean() / norms[num_old:].mean())
+    model.head.weight[num_old:] *= factor
+    return factor
+
+
+def ce(out: StepOutputs) -> torch.Tensor:
+    """Plain cross-entropy over every seen class."""
+    return ce_loss(out.logits, out.targets)
+
+
+def learn_first_task(ctx: TaskContext, head_rules: bool) -> TaskResult:
+    """Step 1: plain CE; with ``head_rules`` the head bias stays zero and negative weights are clipped."""
+    hooks = (zero_head_bias, clip_head_weights) if head_rules else ()
+    if head_rules:
+        zero_head_bias(ctx.model)
+    report = ctx.engine.run(ctx.model, ctx.data, Phase("base", ce, ctx.epochs, after_step=hooks))
+    return TaskResult(phases=[report])

@@ -1,0 +1,120 @@
+"""Split-and-Bridge (Kim & Choi, AAAI 2021), spec section 5.
+
+An incremental step: phase A (sparsify the cross weights: KD + LCE + sparsity, head bias at
+zero), disconnect, phase B (separated learning: KD + LCE), bridge, phase C (lambda * KD +
+(1 - lambda) * CE against the split model as teacher), then weight aligning. A step whose
+partition leaves a group empty (bf = 1) is not split: it is trained with phase C's loss against
+model t-1.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+
+from sbcli.engine import Phase, StepOutputs
+from sbcli.errors import ConfigError
+from sbcli.losses import kd_ce_loss, kd_loss, localized_ce
+from sbcli.methods.base import TaskContext, TaskResult, register_method
+from sbcli.methods.common import learn_first_task, weight_align, zero_head_bias
+from sbcli.nets.partition import (Partition, bridge, cross_norm, disconnect, enforce_masks, make_partition,
+                                  reset_split_batchnorms, sparsity_code, sparsity_paper)
+from sbcli.nets.resnet import IncrementalResNet
+
+SPARSITY_FORMS = {"code": sparsity_code, "paper": sparsity_paper}
+
+
+@dataclass(frozen=True)
+class Config:
+    rho: float = 1.0  # paper: 1.0 to 1.4 (spec section 6 table)
+    sparsity: str = "code"  # authors' group lasso (produced the published numbers) or "paper"
+    gamma: float = 1.0  # authors' code: gamma = 1
+    bn_reset: bool = False  # authors' code re-creates stage-4 BN at disconnect and bridge
+    epochs_a: int | None = None  # None: the run's --epochs
+    epochs_b: int | None = None
+    epochs_c: int | None = None
+    inference: str = "wa"  # weight aligning after phase C
+    first_task_rules: bool = True  # authors' code: zero head bias, clip negative head weights in step 1
+
+    def __post_init__(self) -> None:
+        if self.sparsity not in SPARSITY_FORMS:
+            raise ConfigError(f"--sparsity {self.sparsity} is unknown; choose 'code' or 'paper'.")
+        if self.rho <= 0:
+            raise ConfigError("--rho must be positive (the paper uses 1.0 to 1.4).")
+        if self.inference not in ("wa", "none"):
+            raise ConfigError("--inference for sb is 'wa' or 'none'.")
+
+
+def separated_loss(num_old: int, penalty=None, gamma: float = 0.0, partition: Partition | None = None):
+    """KD (old logits, teacher t-1) + LCE, plus gamma * sparsity in phase A."""
+
+    def loss(out: StepOutputs) -> torch.Tensor:
+        total = kd_loss(out.logits[:, :num_old], out.teacher_logits) + localized_ce(out.logits, out.targets, num_old)
+        if penalty is not None:
+            total = total + gamma * penalty(out.model, partition)
+        return total
+
+    return loss
+
+
+def bridge_loss(num_old: int, lam: float):
+    """lambda * KD + (1 - lambda) * CE; the teacher is the split model, KD on its old logits."""
+
+    def loss(out: StepOutputs) -> torch.Tensor:
+        return kd_ce_loss(out.logits, out.targets, out.teacher_logits[:, :num_old], lam)
+
+    return loss
+
+
+def _epochs(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def frozen_copy(model: IncrementalResNet) -> IncrementalResNet:
+    teacher = copy.deepcopy(model).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+@register_method("sb", Config, "Split-and-Bridge: split, separated learning, bridge, WA")
+def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
+    if ctx.step == 0:
+        return learn_first_task(ctx, cfg.first_task_rules)
+    partition = make_partition(ctx.model, cfg.rho, ctx.num_old)
+    result = TaskResult(record={"partition": partition.to_json()})
+    if partition.is_split:
+        _split_phases(ctx, cfg, partition, result)
+    else:
+        phase = Phase("C", bridge_loss(ctx.num_old, ctx.lam), _epochs(cfg.epochs_c, ctx.epochs), teacher=ctx.teacher)
+        result.phases.append(ctx.engine.run(ctx.model, ctx.data, phase))
+    result.record["after_C"] = ctx.evaluate().to_json()
+    if cfg.inference == "wa":
+        result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
+    return result
+
+
+def _split_phases(ctx: TaskContext, cfg: Config, partition: Partition, result: TaskResult) -> None:
+    """Phases A and B with the disconnect between them, then the bridge and phase C."""
+    model, num_old = ctx.model, ctx.num_old
+    zero_head_bias(model)
+    penalty = SPARSITY_FORMS[cfg.sparsity]
+    phase_a = Phase("A", separated_loss(num_old, penalty, cfg.gamma, partition), _epochs(cfg.epochs_a, ctx.epochs),
+                    teacher=ctx.teacher, after_step=(zero_head_bias,))
+    result.phases.append(ctx.engine.run(model, ctx.data, phase_a))
+    result.record["cross_norm_before_disconnect"] = cross_norm(model, partition)
+    disconnect(model, partition)
+    if cfg.bn_reset:
+        reset_split_batchnorms(model)
+    phase_b = Phase("B", separated_loss(num_old), _epochs(cfg.epochs_b, ctx.epochs), teacher=ctx.teacher,
+                    after_step=(enforce_masks,))
+    result.phases.append(ctx.engine.run(model, ctx.data, phase_b))
+    result.record["after_B"] = ctx.evaluate().to_json()
+    split_teacher = frozen_copy(model)
+    bridge(model)
+    if cfg.bn_reset:
+        reset_split_batchnorms(model)
+    phase_c = Phase("C", bridge_loss(num_old, ctx.lam), _epochs(cfg.epochs_c, ctx.epochs), teacher=split_teacher)
+    result.phases.append(ctx.engine.run(model, ctx.data, phase_c))

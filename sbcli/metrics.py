@@ -1,0 +1,91 @@
+"""Metrics of class-incremental learning, as functions of arrays (spec section 8).
+
+``acc[t, j]`` is the accuracy (in %) on the test images of task j's classes after learning
+step t; entries with j > t are NaN. Nothing is rounded here: round at display time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+def top1(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """Top-1 accuracy in %, NaN for no samples."""
+    if len(labels) == 0:
+        return float("nan")
+    return float((scores.argmax(1) == labels).float().mean()) * 100.0
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """Accuracy after one step: overall, per task, old/new and intra-old/intra-new (in %)."""
+
+    overall: float
+    per_task: list[float]
+    old: float
+    new: float
+    intra_old: float
+    intra_new: float
+
+    def to_json(self) -> dict:
+        return {"overall": self.overall, "per_task": self.per_task, "old": self.old, "new": self.new,
+                "intra_old": self.intra_old, "intra_new": self.intra_new}
+
+
+def step_metrics(scores: torch.Tensor, labels: torch.Tensor, task_of_class: list[int]) -> StepMetrics:
+    """Metrics of one step from the scores over every seen class.
+
+    old/new: overall argmax on old-class / current-task images. intra-old: argmax over the old
+    classes' scores on old images; intra-new: argmax over the current task's scores on its images.
+    """
+    task_of = torch.tensor(task_of_class)[labels]
+    current = max(task_of_class)
+    num_old = sum(1 for t in task_of_class if t < current)
+    per_task = [top1(scores[task_of == t], labels[task_of == t]) for t in range(current + 1)]
+    is_old = task_of < current
+    return StepMetrics(
+        overall=top1(scores, labels),
+        per_task=per_task,
+        old=top1(scores[is_old], labels[is_old]),
+        new=top1(scores[~is_old], labels[~is_old]),
+        intra_old=top1(scores[is_old, :num_old], labels[is_old]) if num_old else float("nan"),
+        intra_new=top1(scores[~is_old, num_old:], labels[~is_old] - num_old),
+    )
+
+
+def accuracy_matrix(rows: list[list[float]]) -> np.ndarray:
+    """Stack per-step per-task accuracies into acc[t, j], NaN above the diagonal."""
+    size = len(rows)
+    acc = np.full((size, size), np.nan)
+    for t, row in enumerate(rows):
+        acc[t, : len(row)] = row
+    return acc
+
+
+def average_incremental(overall: list[float], skip_first: bool = True) -> float:
+    """Average incremental accuracy: the mean over steps 2..T (the paper's) or 1..T."""
+    values = overall[1:] if skip_first else overall
+    return float(np.mean(values)) if values else float("nan")
+
+
+def forgetting(acc: np.ndarray) -> float:
+    """Mean over earlier tasks j of max_{t<T} acc[t, j] - acc[T, j]; NaN with one step."""
+    last = acc.shape[0] - 1
+    if last < 1:
+        return float("nan")
+    drops = [np.nanmax(acc[:last, j]) - acc[last, j] for j in range(last)]
+    return float(np.mean(drops))
+
+
+def summary(overall: list[float], per_task_rows: list[list[float]]) -> dict:
+    """The sequence's summary: both averages, last-step accuracy and forgetting."""
+    acc = accuracy_matrix(per_task_rows)
+    return {
+        "avg_incremental_2_to_T": average_incremental(overall, skip_first=True),
+        "avg_incremental_1_to_T": average_incremental(overall, skip_first=False),
+        "last": overall[-1] if overall else float("nan"),
+        "forgetting": forgetting(acc),
+    }

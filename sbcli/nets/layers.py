@@ -1,0 +1,51 @@
+"""Convolution and linear layers whose cross-branch weights can be masked to exactly zero.
+
+A mask is a fixed 0/1 buffer of the weight's shape. While it is set, the forward pass uses
+``weight * mask`` (so masked weights neither act nor receive gradient) and
+:func:`sbcli.nets.partition.enforce_masks` zeroes them after every optimiser step (so weight decay
+and momentum cannot move them). Removing the mask (``set_mask(None)``) is the bridge.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class MaskedConv2d(nn.Conv2d):
+    """``nn.Conv2d`` without bias and with an optional block-diagonal weight mask."""
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int = 1, padding: int = 0) -> None:
+        super().__init__(in_channels, out_channels, kernel_size, stride=stride, padding=padding, bias=False)
+        self.register_buffer("mask", None, persistent=False)
+
+    def set_mask(self, mask: torch.Tensor | None) -> None:
+        self.mask = None if mask is None else mask.to(self.weight.device, self.weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight if self.mask is None else self.weight * self.mask
+        return F.conv2d(x, weight, None, self.stride, self.padding)
+
+
+class MaskedLinear(nn.Linear):
+    """``nn.Linear`` with an optional weight mask; its rows can grow (see :meth:`expand`)."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=True)
+        self.register_buffer("mask", None, persistent=False)
+
+    def set_mask(self, mask: torch.Tensor | None) -> None:
+        self.mask = None if mask is None else mask.to(self.weight.device, self.weight.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight if self.mask is None else self.weight * self.mask
+        return F.linear(x, weight, self.bias)
+
+    @torch.no_grad()
+    def expand(self, num_new: int) -> "MaskedLinear":
+        """A head with ``num_new`` more rows: old rows and biases copied, new rows default-initialised."""
+        grown = MaskedLinear(self.in_features, self.out_features + num_new).to(self.weight.device, self.weight.dtype)
+        grown.weight[: self.out_features] = self.weight
+        grown.bias[: self.out_features] = self.bias
+        return grown

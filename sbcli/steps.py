@@ -1,0 +1,78 @@
+"""One step of a class-incremental sequence: grow, learn, remember, evaluate, record.
+
+This is the task loop the design gives the engine's side: methods only say their phases.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from sbcli.data.device import DeviceData
+from sbcli.data.imageset import ImageSet
+from sbcli.engine import Engine
+from sbcli.learner import Learner
+from sbcli.methods import METHODS, TaskContext, config_from_json
+from sbcli.metrics import StepMetrics, step_metrics
+from sbcli.nets import create_model
+from sbcli.inference import scores
+
+
+@dataclass(frozen=True)
+class StepSummary:
+    """What the CLI shows after a step."""
+
+    step: int
+    num_classes: int
+    metrics: StepMetrics
+    seconds: float
+
+
+def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet) -> StepMetrics:
+    """Metrics of the learner's current model on ``test`` (labels in the learner's order)."""
+    method_cfg = config_from_json(learner.state.method, learner.state.method_config)
+    out = scores(learner.model, learner.extra, method_cfg.inference, engine, test.images)
+    task_of_class = learner.state.class_task
+    return step_metrics(out, test.labels, task_of_class)
+
+
+def frozen_teacher(model: torch.nn.Module) -> torch.nn.Module:
+    teacher = copy.deepcopy(model).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
+
+
+def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: list[str], engine: Engine,
+               task_record: dict) -> StepSummary:
+    """Learn one task of ``new_classes`` (``train`` labels already in the learner's order)."""
+    start = time.perf_counter()
+    state, step = learner.state, learner.state.steps
+    num_old = state.num_classes
+    teacher = frozen_teacher(learner.model) if step > 0 else None
+    state.class_names.extend(new_classes)
+    state.class_task.extend([step] * len(new_classes))
+    if step > 0:
+        learner.model.expand_classes(len(new_classes))
+    data = DeviceData.join([(train.images, train.labels), learner.memory.tensors()], engine.device)
+    method = METHODS.get(state.method)
+    cfg = config_from_json(state.method, state.method_config)
+    engine.task = step + 1
+    ctx = TaskContext(step=step, model=learner.model, teacher=teacher, data=data, num_old=num_old,
+                      num_total=state.num_classes, engine=engine, epochs=state.train_config["epochs"],
+                      evaluate=lambda: evaluate_learner(learner, engine, test),
+                      make_aux_model=lambda n: create_model(state.arch, n, state.width).to(engine.device))
+    result = method.learn_task(ctx, cfg)
+    learner.extra.update(result.extra_state)
+    learner.memory.update(train.images, train.labels, state.num_classes, lambda x: engine.features(learner.model, x))
+    metrics = evaluate_learner(learner, engine, test)
+    seconds = time.perf_counter() - start
+    state.tasks.append(task_record)
+    state.history.append({"step": step + 1, "num_classes": state.num_classes, "metrics": metrics.to_json(),
+                          "phases": [p.to_json() for p in result.phases], "record": result.record,
+                          "seconds": round(seconds, 2)})
+    return StepSummary(step + 1, state.num_classes, metrics, seconds)
