@@ -3,6 +3,13 @@
 ``wa``, ``none`` and ``bic`` live in the network's weights (WA is applied to the head, BiC is a
 layer of the model), so their scores are the logits. Rules that need more than the forward pass
 register a scorer here by name.
+
+A rule is best registered as a *scoring module* (:func:`register_scoring_module`): one
+``nn.Module`` from normalised images to scores, built from the model and the learner's extra
+tensors. That single definition serves ``sb evaluate``, ``sb predict`` and the ONNX export (where
+it becomes part of the graph). A rule with only an engine scorer still evaluates, but cannot be
+exported. ``nme`` (iCaRL's nearest mean of exemplars, class means in ``extra["nme.class_means"]``)
+is registered here as a module.
 """
 
 from __future__ import annotations
@@ -10,8 +17,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
 from sbcli.engine import Engine
+from sbcli.errors import ConfigError, ExportError
 from sbcli.nets.resnet import IncrementalResNet
 
 Scorer = Callable[[IncrementalResNet, dict[str, torch.Tensor], Engine, torch.Tensor], torch.Tensor]
@@ -31,5 +40,73 @@ def scores(model: IncrementalResNet, extra: dict[str, torch.Tensor], inference: 
     """Scores [N, C_seen] of uint8 images under the named inference rule."""
     scorer = SCORERS.get(inference)
     if scorer is None:
-        return engine.logits(model, images)
+        return engine.logits(scoring_module(model, extra, inference), images)
     return scorer(model, extra, engine, images)
+
+
+ModuleBuilder = Callable[[IncrementalResNet, dict[str, torch.Tensor]], nn.Module]
+SCORING_MODULES: dict[str, ModuleBuilder] = {}
+
+
+def register_scoring_module(name: str) -> Callable[[ModuleBuilder], ModuleBuilder]:
+    """Register ``builder(model, extra) -> nn.Module`` (normalised images -> scores) for a rule.
+
+    Raises:
+        ConfigError: the rule already has a scoring module.
+    """
+
+    def add(builder: ModuleBuilder) -> ModuleBuilder:
+        if name in SCORING_MODULES:
+            raise ConfigError(f"Inference rule '{name}' has two scoring modules; register it once.")
+        SCORING_MODULES[name] = builder
+        return builder
+
+    return add
+
+
+def scoring_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], inference: str) -> nn.Module:
+    """The rule's scores as one module of normalised images [B, 3, H, W] -> [B, C_seen].
+
+    Rules in the weights (``none``, ``wa``, ...) give the model itself. The module is in the
+    model's train/eval mode.
+
+    Raises:
+        ExportError: the rule has only an engine scorer, so it has no single-module form.
+    """
+    builder = SCORING_MODULES.get(inference)
+    if builder is None and inference in SCORERS:
+        raise ExportError(f"Inference rule '{inference}' is computed outside the network and has no scoring module; "
+                          "it cannot be exported or served yet (register one with register_scoring_module).")
+    module = model if builder is None else builder(model, extra)
+    return module.train(model.training)
+
+
+NME_MEANS = "nme.class_means"
+
+
+class NearestMeanScores(nn.Module):
+    """iCaRL's nearest-mean-of-exemplars rule: scores = -||f / ||f|| - mu_c||^2 for each class c."""
+
+    def __init__(self, model: IncrementalResNet, class_means: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("means", class_means.detach().float().to(next(model.parameters()).device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = nn.functional.normalize(self.model.forward_features(x).float(), dim=1)
+        # ||f - mu||^2 expanded into matrix products: no [B, C, D] intermediate, exports to plain MatMul
+        sq = (f * f).sum(1, keepdim=True) - 2.0 * f @ self.means.t() + (self.means * self.means).sum(1)[None]
+        return -sq
+
+
+@register_scoring_module("nme")
+def nearest_mean_module(model: IncrementalResNet, extra: dict[str, torch.Tensor]) -> nn.Module:
+    """Scores of the ``nme`` rule from the class means the method stored in ``extra``."""
+    means = extra.get(NME_MEANS)
+    if means is None:
+        raise ExportError(f"The learner uses nearest-mean inference but holds no '{NME_MEANS}' tensor; "
+                          "re-run its last step with a method that stores class means.")
+    if means.shape != (model.num_classes, model.num_features):
+        raise ExportError(f"The stored class means have shape {tuple(means.shape)}, not "
+                          f"({model.num_classes}, {model.num_features}); the learner is inconsistent, retrain its last step.")
+    return NearestMeanScores(model, means)
