@@ -19,7 +19,7 @@ from sbcli.learner import Learner
 from sbcli.methods import METHODS, TaskContext, config_from_json
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
-from sbcli.inference import scores
+from sbcli.inference import refresh_state, scores
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,9 @@ class StepSummary:
 
 def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet) -> StepMetrics:
     """Metrics of the learner's current model on ``test`` (labels in the learner's order)."""
+    if len(test) == 0:
+        nan = float("nan")
+        return StepMetrics(nan, [nan] * (max(learner.state.class_task) + 1), nan, nan, nan, nan)
     method_cfg = config_from_json(learner.state.method, learner.state.method_config)
     out = scores(learner.model, learner.extra, method_cfg.inference, engine, test.images)
     task_of_class = learner.state.class_task
@@ -48,8 +51,12 @@ def frozen_teacher(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: list[str], engine: Engine,
-               task_record: dict) -> StepSummary:
-    """Learn one task of ``new_classes`` (``train`` labels already in the learner's order)."""
+               task_record: dict, seen_train: Callable[[], ImageSet] | None = None) -> StepSummary:
+    """Learn one task of ``new_classes`` (``train`` labels already in the learner's order).
+
+    ``seen_train``, when the caller has them, returns the training images of every class seen so
+    far including the new ones (for the joint oracle).
+    """
     start = time.perf_counter()
     state, step = learner.state, learner.state.steps
     num_old = state.num_classes
@@ -65,10 +72,13 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     ctx = TaskContext(step=step, model=learner.model, teacher=teacher, data=data, num_old=num_old,
                       num_total=state.num_classes, engine=engine, epochs=state.train_config["epochs"],
                       evaluate=lambda: evaluate_learner(learner, engine, test),
-                      make_aux_model=lambda n: create_model(state.arch, n, state.width).to(engine.device))
+                      make_aux_model=lambda n: create_model(state.arch, n, state.width).to(engine.device),
+                      extra=dict(learner.extra), memory_budget=learner.memory.budget,
+                      seen_data=None if seen_train is None else lambda: _on_device(seen_train(), engine))
     result = method.learn_task(ctx, cfg)
     learner.extra.update(result.extra_state)
     learner.memory.update(train.images, train.labels, state.num_classes, lambda x: engine.features(learner.model, x))
+    learner.extra.update(refresh_state(cfg.inference, learner.model, *learner.memory.tensors(), engine))
     metrics = evaluate_learner(learner, engine, test)
     seconds = time.perf_counter() - start
     state.tasks.append(task_record)
@@ -76,3 +86,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
                           "phases": [p.to_json() for p in result.phases], "record": result.record,
                           "seconds": round(seconds, 2)})
     return StepSummary(step + 1, state.num_classes, metrics, seconds)
+
+
+def _on_device(images: ImageSet, engine: Engine) -> DeviceData:
+    return DeviceData.join([(images.images, images.labels)], engine.device)

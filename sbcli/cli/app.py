@@ -38,5 +38,20 @@ def version() -> None:
     typer.echo(f"sbcli {__version__} torch {torch.__version__}")
 
 
+def _log_to_stderr() -> None:
+    """Library warnings (skipped files, checksum mismatches) reach the user on stderr."""
+    import logging
+
+    from rich.logging import RichHandler
+
+    from sbcli.cli.render import ERR
+
+    handler = RichHandler(console=ERR, show_time=False, show_path=False, markup=False)
+    logger = logging.getLogger("sbcli")
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+
+
 def main() -> None:
+    _log_to_stderr()
     app()

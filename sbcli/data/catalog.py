@@ -8,6 +8,7 @@ path: a Tiny-ImageNet directory or zip, or a class-per-folder directory.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from sbcli.data.device import CIFAR100_MEAN, CIFAR100_STD, IMAGENET_MEAN, IMAGEN
 from sbcli.data.imageset import ImageSet
 from sbcli.errors import DataError
 
+LOG = logging.getLogger(__name__)
 BENCHMARKS = ("demo", "cifar10", "cifar100", "tiny-imagenet")
 
 
@@ -83,10 +85,18 @@ def _open_folders(spec: dict, train: bool, test: bool, cache: "sources.DecodeCac
     if train:
         report = sources.load_folder(Path(spec["path"]), spec["image_size"], cache=cache)
         train_set, skipped = report.data, report.skipped
+        _report_skipped(report, spec["path"])
     if test and spec.get("test"):
         report = sources.load_folder(Path(spec["test"]), spec["image_size"], cache=cache)
         test_set, skipped = report.data, skipped + report.skipped
+        _report_skipped(report, spec["test"])
     return Opened(train_set, test_set, None, skipped)
+
+
+def _report_skipped(report: "sources.FolderReport", path: str) -> None:
+    if report.skipped:
+        LOG.warning("Skipped %d files in %s that are not images (e.g. %s).", report.skipped, path,
+                    ", ".join(report.skipped_examples))
 
 
 def relabel(images: ImageSet, class_names: list[str], keep: list[str]) -> ImageSet:

@@ -1,0 +1,48 @@
+"""Shared fixtures: a decode cache per test session, small synthetic class-per-folder data."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest_hub import fake_hub, hf_offline, no_internet, no_retry_wait  # noqa: F401  (fixtures)
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+# The colour of each synthetic class: distinct enough that a small network learns them in an epoch.
+PALETTE = {"red": (200, 40, 40), "green": (40, 190, 60), "blue": (40, 60, 200), "yellow": (210, 200, 40),
+           "purple": (150, 50, 170), "cyan": (40, 190, 200)}
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _session_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Keep decoded datasets of the tests out of the user's cache."""
+    os.environ["SBCLI_CACHE"] = str(tmp_path_factory.mktemp("decoded"))
+
+
+def write_class_folder(root: Path, classes: list[str], per_class: int, size: int = 16, seed: int = 0) -> Path:
+    """Noisy solid-colour images with a random bright square: one folder per class."""
+    rng = np.random.default_rng(seed)
+    for name in classes:
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            img = np.clip(np.array(PALETTE[name]) + rng.normal(0, 25, (size, size, 3)), 0, 255).astype(np.uint8)
+            y, x = rng.integers(0, size - 4, 2)
+            img[y : y + 4, x : x + 4] = 255
+            Image.fromarray(img).save(root / name / f"{i:03d}.png")
+    return root
+
+
+@pytest.fixture(scope="session")
+def color_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Two tasks of synthetic colour classes: task1 (red, green), task2 (blue, yellow), each train/test."""
+    root = tmp_path_factory.mktemp("colors")
+    out = {}
+    for task, classes in (("task1", ["red", "green"]), ("task2", ["blue", "yellow"])):
+        out[f"{task}_train"] = write_class_folder(root / task / "train", classes, 24, seed=1)
+        out[f"{task}_test"] = write_class_folder(root / task / "test", classes, 8, seed=2)
+    return out

@@ -1,0 +1,152 @@
+"""End-to-end CLI runs (train -> add-task -> evaluate) and every bad input of issue 2."""
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from sbcli.cli.app import app
+
+runner = CliRunner()
+SMALL = ["--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu", "--image-size", "16"]
+
+
+def invoke(*args: str):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.fixture(scope="module")
+def trained(color_data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("cli") / "learner"
+    res = invoke("train", color_data["task1_train"], "--test", color_data["task1_test"], "--out", out, "--method", "std", *SMALL)
+    assert res.exit_code == 0, res.output
+    return out
+
+
+def test_help_is_fast_and_does_not_import_torch():
+    code = "import sys; from sbcli.cli.app import app; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "sbcli", "--help"], capture_output=True, text=True, check=True)
+    assert time.perf_counter() - start < 3.0  # well under a second on a quiet machine
+    assert "add-task" in out.stdout
+
+
+def test_train_add_task_evaluate_end_to_end(trained, color_data, tmp_path):
+    learner = tmp_path / "grown"
+    shutil.copytree(trained, learner)
+    res = invoke("add-task", learner, color_data["task2_train"], "--test", color_data["task2_test"], "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    res = invoke("evaluate", learner, "--json", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    result = json.loads(res.stdout)
+    assert result["classes"] == 4 and result["steps"] == 2 and result["test_images"] == 32
+    assert len(result["metrics"]["per_task"]) == 2
+    assert result["history"][1]["metrics"]["overall"] == pytest.approx(result["metrics"]["overall"])
+    assert result["summary"]["avg_incremental_2_to_T"] == pytest.approx(result["metrics"]["overall"])
+    res = invoke("evaluate", learner, color_data["task2_test"], "--device", "cpu")
+    assert res.exit_code == 0 and "intra-old" in res.stdout
+
+
+def test_train_prints_a_table_and_progress_goes_to_stderr(trained):
+    res = invoke("evaluate", trained, "--device", "cpu")
+    assert res.exit_code == 0
+    assert "Accuracy after each step" in res.stdout and "Summary" in res.stdout
+
+
+def assert_error(res, *words: str) -> None:
+    assert res.exit_code == 1, res.output
+    text = " ".join(res.stderr.split())
+    for word in words:
+        assert word in text, text
+
+
+def test_missing_and_empty_folders(tmp_path):
+    assert_error(invoke("train", tmp_path / "nope", "--out", tmp_path / "o", *SMALL), "nope")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_error(invoke("train", empty, "--out", tmp_path / "o", *SMALL), "empty")
+    (empty / "cat").mkdir()
+    assert_error(invoke("train", empty, "--out", tmp_path / "o", *SMALL), "cat")
+    assert not (tmp_path / "o").exists()
+
+
+def test_undecodable_image_is_named(color_data, tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(color_data["task1_train"], data)
+    (data / "red" / "broken.jpg").write_bytes(b"not a jpeg")
+    assert_error(invoke("train", data, "--out", tmp_path / "o", *SMALL), "broken.jpg")
+
+
+def test_add_task_with_known_classes_leaves_the_learner_unchanged(trained, color_data):
+    before = snapshot(trained)
+    assert_error(invoke("add-task", trained, color_data["task1_train"], "--device", "cpu"), "already knows")
+    assert snapshot(trained) == before
+
+
+def test_add_task_with_missing_folder_leaves_the_learner_unchanged(trained, tmp_path):
+    before = snapshot(trained)
+    assert_error(invoke("add-task", trained, tmp_path / "nothing", "--device", "cpu"), "nothing")
+    assert snapshot(trained) == before
+
+
+def test_bad_learner_directories(trained, tmp_path):
+    broken = tmp_path / "broken"
+    shutil.copytree(trained, broken)
+    (broken / "model.safetensors").unlink()
+    assert_error(invoke("evaluate", broken, "--device", "cpu"), "model.safetensors")
+    newer = tmp_path / "newer"
+    shutil.copytree(trained, newer)
+    state = json.loads((newer / "learner.json").read_text())
+    state["format_version"] = 7
+    (newer / "learner.json").write_text(json.dumps(state))
+    assert_error(invoke("add-task", newer, tmp_path, "--device", "cpu"), "newer", "upgrade")
+
+
+def test_tasks_that_do_not_divide_and_missing_cuda(color_data, tmp_path):
+    assert_error(invoke("train", color_data["task1_train"], "--tasks", "3", "--out", tmp_path / "o", *SMALL), "--tasks 3")
+    args = [a for a in SMALL if a not in ("--device", "cpu")]
+    import torch
+
+    if not torch.cuda.is_available():
+        assert_error(invoke("train", color_data["task1_train"], "--device", "cuda", "--out", tmp_path / "o", *args), "CUDA")
+
+
+def test_existing_output_is_not_overwritten_and_resume_continues(color_data, tmp_path):
+    from sbcli import api
+    from sbcli.engine import TrainConfig
+
+    data = tmp_path / "four"
+    shutil.copytree(color_data["task1_train"], data)
+    shutil.copytree(color_data["task2_train"], data, dirs_exist_ok=True)
+    out = tmp_path / "seq"
+    seq = api.SequenceOptions(source=str(data), image_size=16, tasks=2)
+    run = api.RunOptions(method="finetune", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
+
+    def interrupt(step):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        api.train(seq, run, out, on_step=interrupt)
+    assert len(json.loads((out / "learner.json").read_text())["history"]) == 1
+    assert_error(invoke("train", data, "--tasks", "2", "--out", out, *SMALL), "--resume")
+    res = invoke("train", data, "--tasks", "2", "--out", out, "--method", "finetune", "--resume", *SMALL)
+    assert res.exit_code == 0, res.output
+    state = json.loads((out / "learner.json").read_text())
+    assert [h["step"] for h in state["history"]] == [1, 2] and len(state["class_names"]) == 4
+    assert_error(invoke("train", data, "--tasks", "4", "--out", out, "--resume", *SMALL), "same options")
+
+
+def test_method_options_that_do_not_apply_are_refused(color_data, tmp_path):
+    assert_error(invoke("train", color_data["task1_train"], "--method", "std", "--rho", "1.2", "--out", tmp_path / "o", *SMALL),
+                 "--rho", "std")
+    assert_error(invoke("train", color_data["task1_train"], "--method", "sbb", "--out", tmp_path / "o", *SMALL), "Did you mean 'sb'")
