@@ -76,7 +76,7 @@ def forgetting(acc: np.ndarray) -> float:
     last = acc.shape[0] - 1
     if last < 1:
         return float("nan")
-    drops = [np.max(acc[:last, j]) - acc[last, j] for j in range(last) if not np.isnan(acc[:last, j]).all()]
+    drops = [np.nanmax(acc[:last, j]) - acc[last, j] for j in range(last) if not np.isnan(acc[:last, j]).all()]
     return float(np.mean(drops)) if drops else float("nan")
 
 
