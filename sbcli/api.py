@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from sbcli import __version__
+from sbcli import __version__, distributed
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.imageset import ImageSet
 from sbcli.data.scenario import make_scenario
@@ -63,14 +63,17 @@ class SequenceOptions:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present. Raises DeviceError when CUDA is asked for and absent."""
+    """``auto`` picks CUDA when present. Raises DeviceError when CUDA is asked for and absent.
+
+    Under torchrun this joins the process group and gives this rank's device (see sbcli.distributed).
+    """
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return distributed.join(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise DeviceError("--device cuda was asked for but this machine has no CUDA GPU; use --device cpu or auto.")
     if name != "cpu" and not name.startswith("cuda"):
         raise DeviceError(f"--device {name} is unknown; use auto, cpu or cuda.")
-    return torch.device(name)
+    return distributed.join(torch.device(name))
 
 
 def _check_run(run: RunOptions) -> torch.device:
@@ -133,8 +136,8 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
         new = [names[c] for c in scenario.tasks[step]]
         seen = ordered[: sum(scenario.sizes[: step + 1])]
         summary_ = _learn(learner, opened, new, seen, ordered, spec, device, run.seed, on_progress)
-        learner.save(out)
-        if on_step:
+        save_from_main(learner, out)
+        if on_step and distributed.is_main_process():
             on_step(summary_)
     return learner
 
@@ -151,6 +154,21 @@ def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], or
 
 def _tuples(cfg: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
+
+
+def save_from_main(learner: Learner, out: Path) -> None:
+    """Save the learner from rank 0 alone (any process when there is one).
+
+    With several processes, every rank first takes rank 0's exemplars and method state, so that
+    all continue from what was written; the others wait until the write is done.
+    """
+    group = distributed.info()
+    memory = learner.memory
+    memory.images, memory.labels, learner.extra = distributed.broadcast_objects(
+        [memory.images, memory.labels, learner.extra], group)
+    if group.is_main:
+        learner.save(out)
+    distributed.barrier(group)
 
 
 def _empty(like: ImageSet) -> ImageSet:
@@ -196,7 +214,7 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     cfg = TrainConfig(**_tuples(learner.state.train_config))
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
     step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": spec})
-    learner.save(learner_dir)
+    save_from_main(learner, learner_dir)
     return step
 
 

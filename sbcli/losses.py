@@ -16,12 +16,12 @@ def ce_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 def localized_ce(logits: torch.Tensor, targets: torch.Tensor, num_old: int) -> torch.Tensor:
     """LCE (localised cross-entropy): CE over the new logits only, on the new-class samples only.
 
-    Labels are shifted by -C_old; exemplars (labels < C_old) are left out of the average.
+    Labels are shifted by -C_old; exemplars (labels < C_old) are left out of the average (0 when
+    the batch has no new-class sample). Written as a masked mean, so it never reads the device.
     """
     is_new = targets >= num_old
-    if not bool(is_new.any()):
-        return logits.sum() * 0.0
-    return F.cross_entropy(logits[is_new, num_old:], targets[is_new] - num_old)
+    per_sample = F.cross_entropy(logits[:, num_old:], (targets - num_old).clamp_min(0), reduction="none")
+    return (per_sample * is_new).sum() / is_new.sum().clamp_min(1)
 
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = TEMPERATURE) -> torch.Tensor:

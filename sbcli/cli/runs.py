@@ -49,7 +49,8 @@ def build_options(given: dict, defaults: dict):
                           download=o.get("download", False), image_size=o.get("image_size"),
                           tasks=None if o.get("base") else o.get("tasks"), base=o.get("base"),
                           increment=o.get("increment"), order_seed=order_seed, class_order=o.get("class_order"))
-    train = TrainConfig(epochs=o["epochs"], batch_size=o["batch_size"], lr=o["lr"], compile=o.get("compile", False))
+    train = TrainConfig(epochs=o["epochs"], batch_size=o["batch_size"], lr=o["lr"], compile=o.get("compile", False),
+                        precision=o.get("precision", "auto"))
     run = RunOptions(method=o["method"], method_options=method_options, arch=o["arch"], width=o["width"], train=train,
                      memory=o["memory"], selection=o["selection"], seed=o["seed"], device=o.get("device", "auto"))
     return seq, run, Path(o["out"])
@@ -60,12 +61,18 @@ def _str(value: Any) -> str | None:
 
 
 def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool) -> None:
-    from sbcli import api
+    from sbcli import api, distributed
     from sbcli.metrics import summary
 
     every = max(1, run.train.epochs // 10)
-    render.ERR.print(f"Training [bold]{run.method}[/] on {seq.source or 'demo'} → {out}", highlight=False)
-    learner = api.train(seq, run, out, resume=resume, on_progress=render.ProgressPrinter(every), on_step=render.step_line)
+    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints
+    if main:
+        render.ERR.print(f"Training [bold]{run.method}[/] on {seq.source or 'demo'} → {out}", highlight=False)
+    with distributed.session(run.device):
+        learner = api.train(seq, run, out, resume=resume, on_progress=render.ProgressPrinter(every),
+                            on_step=render.step_line)
+    if not main:
+        return
     history = learner.state.history
     result = summary([h["metrics"]["overall"] for h in history], [h["metrics"]["per_task"] for h in history])
     if json_out:

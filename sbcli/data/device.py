@@ -66,8 +66,9 @@ def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) 
         return images
     b, _, h, w = images.shape
     padded = F.pad(images, (padding,) * 4)
-    dy = torch.randint(0, 2 * padding + 1, (b, 1), generator=generator).to(images.device)
-    dx = torch.randint(0, 2 * padding + 1, (b, 1), generator=generator).to(images.device)
+    # drawn where the generator lives: a device generator costs no host copy (no sync) per batch
+    dy = torch.randint(0, 2 * padding + 1, (b, 1), generator=generator, device=generator.device).to(images.device)
+    dx = torch.randint(0, 2 * padding + 1, (b, 1), generator=generator, device=generator.device).to(images.device)
     rows = (dy + torch.arange(h, device=images.device))[:, :, None]
     cols = (dx + torch.arange(w, device=images.device))[:, None, :]
     batch = torch.arange(b, device=images.device)[:, None, None]
@@ -76,14 +77,15 @@ def random_crop(images: torch.Tensor, padding: int, generator: torch.Generator) 
 
 def random_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Flip each image of the batch horizontally with probability 1/2."""
-    flip = (torch.rand(images.shape[0], generator=generator) < 0.5).to(images.device)
+    flip = (torch.rand(images.shape[0], generator=generator, device=generator.device) < 0.5).to(images.device)
     return torch.where(flip[:, None, None, None], images.flip(-1), images)
 
 
 def normalize(images: torch.Tensor, norm: Normalization, channels_last: bool = False) -> torch.Tensor:
     """uint8 [B, 3, H, W] -> float32 normalised, optionally in channels-last layout."""
-    mean = torch.tensor(norm.mean, device=images.device).view(1, 3, 1, 1)
-    std = torch.tensor(norm.std, device=images.device).view(1, 3, 1, 1)
+    # non_blocking: a blocking host-to-device copy would wait for the device (a sync per batch)
+    mean = torch.tensor(norm.mean).to(images.device, non_blocking=True).view(1, 3, 1, 1)
+    std = torch.tensor(norm.std).to(images.device, non_blocking=True).view(1, 3, 1, 1)
     out = (images.float() / 255.0 - mean) / std
     return out.contiguous(memory_format=torch.channels_last) if channels_last else out
 

@@ -1,0 +1,166 @@
+"""Data-parallel training (DDP) on CPU with the gloo backend and two processes.
+
+One test spawns two processes that run an engine phase together and compares what each rank ends
+with; another runs ``torchrun --nproc-per-node 2 -m sbcli train`` and continues the learner it
+wrote with ``add-task`` in this (single) process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+
+from sbcli import api, distributed
+from sbcli.data.device import DeviceData, Normalization
+from sbcli.distributed import DistInfo
+from sbcli.engine import Engine, Phase, TrainConfig
+from sbcli.learner import FILES, FORMAT_VERSION, Learner
+from sbcli.losses import kd_ce_loss
+from sbcli.nets import create_model
+
+WORLD = 2
+IMAGES, BATCH, CLASSES = 64, 16, 4
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# Sharding, in one process
+# ----------------------------------------------------------------------------------------------
+
+
+def test_shards_of_a_batch_are_disjoint_and_cover_it():
+    batch = torch.randperm(23)
+    shards = [distributed.shard(batch, DistInfo(r, 3)) for r in range(3)]
+    assert sorted(torch.cat(shards).tolist()) == sorted(batch.tolist())
+    assert [len(s) for s in shards] == [8, 8, 7]
+    assert torch.equal(distributed.shard(batch, DistInfo()), batch)  # one process: the whole batch
+
+
+def test_shard_ranges_tile_the_items_in_rank_order():
+    ranges = [distributed.shard_range(10, DistInfo(r, 4)) for r in range(4)]
+    assert ranges == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert distributed.shard_range(1, DistInfo(1, 2)) == (1, 1)  # a rank may get nothing
+
+
+def test_without_torchrun_everything_is_one_process(monkeypatch):
+    for var in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert distributed.info() == DistInfo()
+    assert distributed.is_main_process()
+    assert distributed.join(torch.device("cpu")) == torch.device("cpu")
+    x = torch.arange(6.0).view(3, 2)
+    assert distributed.gather_rows(x, 3, DistInfo()) is x
+    assert distributed.broadcast_objects([1, "a"], DistInfo()) == [1, "a"]
+
+
+# ----------------------------------------------------------------------------------------------
+# An engine phase on two ranks
+# ----------------------------------------------------------------------------------------------
+
+
+def _phase_loss(out):
+    return kd_ce_loss(out.logits, out.targets, out.teacher_logits[:, : CLASSES // 2], 0.5)
+
+
+def _engine_worker(rank: int, port: int, out_dir: str) -> None:
+    """One rank: a phase of two epochs with a teacher, then logits of 37 images (uneven shards)."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    with distributed.session("cpu"):
+        device = distributed.join(torch.device("cpu"))
+        torch.manual_seed(0)
+        model = create_model("resnet32", CLASSES, 0.25)
+        teacher = create_model("resnet32", CLASSES, 0.25).eval()
+        initial = {f"initial.{k}": v.clone() for k, v in model.state_dict().items()}
+        if rank == 1:  # DDP must start every rank from rank 0's weights
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(0.5)
+        gen = torch.Generator().manual_seed(1)
+        images = torch.randint(0, 256, (IMAGES, 3, 16, 16), dtype=torch.uint8, generator=gen)
+        labels = torch.randint(0, CLASSES, (IMAGES,), generator=gen)
+        used: list[torch.Tensor] = []
+        shard = distributed.shard
+
+        def recording_shard(idx: torch.Tensor, group: DistInfo) -> torch.Tensor:
+            used.append(shard(idx, group))
+            return used[-1]
+
+        distributed.shard = recording_shard  # this process only: record the indices this rank trained on
+        events: list = []
+        engine = Engine(TrainConfig(epochs=2, batch_size=BATCH, lr=0.05), device, Normalization(), seed=3,
+                        on_progress=events.append)
+        report = engine.run(model, DeviceData(images, labels), Phase("C", _phase_loss, 2, teacher=teacher))
+        logits = engine.logits(model, images[:37])
+        with torch.no_grad():
+            model.eval()
+            local = model(((images[:37].float() / 255 - torch.tensor(Normalization().mean).view(1, 3, 1, 1))
+                           / torch.tensor(Normalization().std).view(1, 3, 1, 1)))
+        tensors = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file({**tensors, **initial, "gathered_logits": logits, "local_logits": local.contiguous(),
+                   "used": torch.stack(used)}, str(Path(out_dir) / f"rank{rank}.safetensors"))
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"events": len(events), "loss": report.final_loss}))
+
+
+def test_two_ranks_train_one_model(tmp_path):
+    mp.spawn(_engine_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    ranks = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in range(WORLD)]
+    info = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    weights = [k for k in ranks[0] if not k.startswith(("initial.", "gathered_", "local_", "used"))]
+    assert weights and all(torch.equal(ranks[0][k], ranks[1][k]) for k in weights), "ranks disagree after the phase"
+    moved = [k for k in weights if k.endswith("weight") and not torch.equal(ranks[0][k], ranks[0]["initial." + k])]
+    assert moved, "training did not change the weights"
+    # each step's batch was split into disjoint halves that together cover every image of the epoch
+    used = [r["used"] for r in ranks]
+    assert used[0].shape == used[1].shape == (2 * IMAGES // BATCH, BATCH // WORLD)
+    for epoch in range(2):
+        steps = slice(epoch * IMAGES // BATCH, (epoch + 1) * IMAGES // BATCH)
+        epoch_idx = torch.cat([used[0][steps].flatten(), used[1][steps].flatten()])
+        assert sorted(epoch_idx.tolist()) == list(range(IMAGES))
+    # evaluation: sharded, gathered in order, the same on both ranks and equal to a plain forward
+    assert torch.equal(ranks[0]["gathered_logits"], ranks[1]["gathered_logits"])
+    torch.testing.assert_close(ranks[0]["gathered_logits"], ranks[0]["local_logits"], rtol=1e-4, atol=1e-4)
+    assert info[0]["events"] == 2 and info[1]["events"] == 0  # progress from rank 0 only
+    assert info[0]["loss"] == info[1]["loss"]  # the epoch loss is reduced over ranks
+
+
+# ----------------------------------------------------------------------------------------------
+# torchrun -m sbcli train, then add-task in one process
+# ----------------------------------------------------------------------------------------------
+
+
+def test_torchrun_train_writes_a_learner_that_continues_in_one_process(color_data, tmp_path):
+    out = tmp_path / "learner"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
+           "-m", "sbcli", "train", str(color_data["task1_train"]), "--test", str(color_data["task1_test"]),
+           "--out", str(out), "--method", "sb", "--tasks", "2", "--epochs", "1", "--width", "0.125",
+           "--batch-size", "16", "--memory", "8", "--image-size", "16", "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=170, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("step 2 done") == 1, done.stderr[-3000:]  # rank 0 alone prints
+    assert done.stdout.count("Summary") == 1
+    assert sorted(p.name for p in out.iterdir()) == sorted(FILES)
+    learner = Learner.load(out)
+    assert learner.state.format_version == FORMAT_VERSION and learner.state.steps == 2
+    assert [p["name"] for p in learner.state.history[1]["phases"]] == ["A", "B", "C"]
+    assert len(learner.memory) == 8
+    step = api.add_task(out, color_data["task2_train"], color_data["task2_test"], device="cpu", epochs=1)
+    assert step.step == 3 and step.num_classes == 4
+    again = Learner.load(out)
+    assert again.state.steps == 3 and again.state.class_names[-2:] == ["blue", "yellow"]
