@@ -239,3 +239,51 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
             "test_images": len(test), "metrics": metrics.to_json(), "history": state.history,
             "summary": summary(overall, rows)}
+
+
+# -- ways out: ONNX, the Hub, the zoo, serving (sbcli.export; optional extras loaded on use) --
+
+
+def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4) -> Any:
+    """Write the learner at ``learner_dir`` as one ONNX file, checked against PyTorch in onnxruntime.
+
+    Returns an :class:`sbcli.export.onnx.OnnxReport` (path, size, parity: max abs diff, argmax agreement).
+    """
+    from sbcli.export.onnx import OnnxConfig
+    from sbcli.export.onnx import export_onnx as write_onnx
+
+    return write_onnx(Learner.load(learner_dir, "cpu"), Path(out), OnnxConfig(tolerance=tolerance))
+
+
+def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,
+         token: str | None = None, endpoint: str | None = None) -> Any:
+    """Push the learner, its ONNX file and a model card to ``repo_id`` (``main`` and branch ``step-N``)."""
+    from sbcli.export.hub import HubConfig
+    from sbcli.export.hub import push as push_learner
+
+    return push_learner(Path(learner_dir), repo_id, with_memory=with_memory, private=private,
+                        cfg=HubConfig(endpoint=endpoint, token=token))
+
+
+def pull(ref: str, out: Path | None = None, *, index: Path | None = None, offline: bool = False,
+         timeout: float = 10.0, token: str | None = None, endpoint: str | None = None) -> Any:
+    """Fetch a zoo entry or ``OWNER/NAME[@REVISION]`` into ``out``, verified; returns a PullReport."""
+    from sbcli.export.hub import HubConfig
+    from sbcli.export.pull import pull as pull_learner
+
+    return pull_learner(ref, out, index=index, cfg=HubConfig(endpoint=endpoint, token=token, timeout=timeout,
+                                                             offline=offline))
+
+
+def zoo(index: Path | None = None) -> list[Any]:
+    """The zoo's entries (:class:`sbcli.zoo.ZooEntry`), from the bundled index or ``index``."""
+    from sbcli.zoo import load_index
+
+    return list(load_index(index).entries.values())
+
+
+def predict(model: Path, images: list[Path], *, top_k: int = 5, batch_size: int = 64, device: str = "auto") -> list[Any]:
+    """Top-k labels and probabilities (:class:`sbcli.export.serve.Prediction`) of a learner or ONNX file."""
+    from sbcli.export.serve import predict as predict_images
+
+    return predict_images(Path(model), images, top_k=top_k, batch_size=batch_size, device=device)

@@ -1,0 +1,74 @@
+"""`sb export`: the learner as one ONNX file, or pushed to the Hugging Face Hub with a model card."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sbcli.cli._errors import friendly_errors
+from sbcli.cli._options import OUT, JsonOpt, LearnerArg
+
+FORMATS = ("onnx",)
+HUB = "Hub"
+
+EPILOG = """Examples:
+
+  sb export my-learner --format onnx -o model.onnx
+
+  sb export my-learner --to-hub user/my-learner                 # main and branch step-N
+
+  sb export my-learner --to-hub user/my-learner --with-memory   # also share the exemplar images
+"""
+
+TokenOpt = Annotated[Optional[str], typer.Option("--token", help="Hub access token (default: HF_TOKEN or the stored login).", rich_help_panel=HUB, show_default=False)]
+
+
+def parity_line(parity: dict) -> str:
+    """One line: how the ONNX model compared with PyTorch."""
+    sizes = " and ".join(str(b) for b in parity["batch_sizes"])
+    return (f"ONNX check on {parity['images']} {parity['source']} (batches of {sizes}): "
+            f"max |ONNX - PyTorch| = {parity['max_abs_diff']:.2e} (scores up to {parity['score_scale']:.3g}), "
+            f"argmax agreement {100 * parity['argmax_agreement']:.1f} %")
+
+
+@friendly_errors
+def export(
+    learner: LearnerArg,
+    format_: Annotated[str, typer.Option("--format", "-f", help="Export format: onnx.", rich_help_panel=OUT)] = "onnx",
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="ONNX file to write (default: ./LEARNER.onnx; with --to-hub only if given).", rich_help_panel=OUT, show_default=False)] = None,
+    to_hub: Annotated[Optional[str], typer.Option("--to-hub", help="Push the learner, its ONNX file and a model card to OWNER/NAME (main and branch step-N).", rich_help_panel=HUB, show_default=False)] = None,
+    with_memory: Annotated[bool, typer.Option("--with-memory", help="Also push the exemplar memory (it holds training images).", rich_help_panel=HUB)] = False,
+    private: Annotated[bool, typer.Option("--private", help="Create the Hub repository as private.", rich_help_panel=HUB)] = False,
+    token: TokenOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Export a learner: an ONNX classifier checked against PyTorch, or a push to the Hub."""
+    from sbcli import api
+    from sbcli.cli import render
+
+    if format_ not in FORMATS:
+        raise typer.BadParameter(f"'{format_}' is not a format; choose one of: {', '.join(FORMATS)}.", param_hint="--format")
+    result: dict = {}
+    if to_hub is None or out is not None:
+        path = out or Path(f"{learner.resolve().name}.onnx")
+        render.ERR.print(f"Exporting {learner} to {path}", highlight=False)
+        result["onnx"] = api.export_onnx(learner, path).to_json()
+    if to_hub is not None:
+        render.ERR.print(f"Pushing {learner} to {to_hub}" + (" with its exemplar memory" if with_memory else ""), highlight=False)
+        result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token).to_json()
+    if json_out:
+        render.print_json(result)
+        return
+    for report in (result.get("onnx"), result.get("hub", {}).get("onnx")):
+        if report is not None:
+            render.OUT.print(parity_line(report["parity"]))
+    if "onnx" in result:
+        r = result["onnx"]
+        render.OUT.print(f"Wrote {r['path']} ({r['bytes'] / 1e6:.1f} MB): {r['num_classes']} classes, input [N, 3, "
+                         f"{r['image_size']}, {r['image_size']}] in [0, 1], inference {r['inference']}")
+    if "hub" in result:
+        h = result["hub"]
+        render.OUT.print(f"Pushed {', '.join(h['files'])} to {h['url']} (commit {h['commit'][:10]}); "
+                         f"revisions {' and '.join(h['revisions'])}")

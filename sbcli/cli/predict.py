@@ -1,0 +1,46 @@
+"""`sb predict`: what a learner or its exported ONNX file answers for some images."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sbcli.cli._errors import friendly_errors
+from sbcli.cli._options import OUT, DeviceOpt, JsonOpt
+
+EPILOG = """Examples:
+
+  sb predict model.onnx photo.jpg photos/            # table of top-3 labels
+
+  sb predict my-learner photos/ --top-k 1 --json      # the learner in PyTorch
+"""
+
+
+@friendly_errors
+def predict(
+    model: Annotated[Path, typer.Argument(help="A learner directory or an .onnx file written by `sb export`.", show_default=False)],
+    images: Annotated[list[Path], typer.Argument(help="Image files, or folders searched for images.", show_default=False)],
+    top_k: Annotated[int, typer.Option("--top-k", "-k", help="How many labels to show per image.", rich_help_panel=OUT)] = 3,
+    batch_size: Annotated[int, typer.Option("--batch-size", help="Images scored at once.")] = 64,
+    device: DeviceOpt = "auto",
+    json_out: JsonOpt = False,
+) -> None:
+    """Top-k labels with probabilities for image files or folders."""
+    from sbcli import api
+    from sbcli.cli import render
+
+    predictions = api.predict(model, images, top_k=top_k, batch_size=batch_size, device=device)
+    if json_out:
+        render.print_json([p.to_json() for p in predictions])
+        return
+    table = render.Table(title=f"{model}: top {min(top_k, len(predictions[0].labels))} of {len(predictions)} images")
+    table.add_column("image")
+    table.add_column("label")
+    table.add_column("probability", justify="right")
+    table.add_column("next", justify="left")
+    for p in predictions:
+        rest = ", ".join(f"{n} {100 * q:.1f} %" for n, q in zip(p.labels[1:], p.probabilities[1:], strict=True))
+        table.add_row(p.image, p.labels[0], f"{100 * p.probabilities[0]:.1f} %", rest)
+    render.OUT.print(table)

@@ -1,0 +1,74 @@
+"""`sb pull`: a zoo entry or a Hub repository, verified and installed as a learner directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sbcli.cli._errors import friendly_errors
+from sbcli.cli._options import OUT, JsonOpt
+
+HUB = "Hub"
+
+EPILOG = """Examples:
+
+  sb pull --list                                   # the zoo
+
+  sb pull demo-sb-tiny -o my-learner               # bundled: works offline
+
+  sb pull user/my-learner@step-2 -o step2           # a Hub repository at a task step
+"""
+
+
+def zoo_table(entries: list[dict]):
+    from sbcli.cli import render
+
+    table = render.Table(title="The sbcli zoo")
+    for col in ("name", "where", "dataset", "method", "network", "classes/tasks", "last acc. %", "description"):
+        table.add_column(col, justify="right" if col == "last acc. %" else "left")
+    for e in entries:
+        where = e["location"] + (f"@{e['revision']}" if e["revision"] else "")
+        last = e["metrics"].get("last")
+        table.add_row(e["name"], where, e["dataset"], f"{e['method']} ({e['inference']})", e["network"],
+                      f"{e['classes']} in {len(e['tasks'])}", render.fmt(last), e["description"])
+    return table
+
+
+@friendly_errors
+def pull(
+    ref: Annotated[Optional[str], typer.Argument(help="A zoo name (see --list) or OWNER/NAME on the Hub, with an optional @REVISION (e.g. @step-2).", show_default=False)] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Learner directory to create (default: ./NAME or ./NAME-REVISION).", rich_help_panel=OUT, show_default=False)] = None,
+    list_: Annotated[bool, typer.Option("--list", help="Show the zoo and exit.", rich_help_panel=OUT)] = False,
+    index: Annotated[Optional[Path], typer.Option("--index", help="Another zoo index file (default: the one bundled with sbcli).", show_default=False)] = None,
+    offline: Annotated[bool, typer.Option("--offline", help="Use only the local cache (as HF_HUB_OFFLINE=1 does).", rich_help_panel=HUB)] = False,
+    timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the Hub before using the cache.", rich_help_panel=HUB)] = 10.0,
+    token: Annotated[Optional[str], typer.Option("--token", help="Hub access token (default: HF_TOKEN or the stored login).", rich_help_panel=HUB, show_default=False)] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Download a pretrained learner (zoo name or Hub repository) and print where it is."""
+    from sbcli import api
+    from sbcli.cli import render
+
+    if list_:
+        entries = [e.to_json() for e in api.zoo(index)]
+        if json_out:
+            render.print_json(entries)
+        else:
+            render.OUT.print(zoo_table(entries))
+        return
+    if ref is None:
+        raise typer.BadParameter("give a zoo name or OWNER/NAME to pull, or --list to see the zoo.", param_hint="REF")
+    report = api.pull(ref, out, index=index, offline=offline, timeout=timeout, token=token)
+    if json_out:
+        render.print_json(report.to_json())
+        return
+    checked = f"{len(report.verified)} files verified against the zoo index" if report.verified else "no zoo hashes to check"
+    cache = ", from the local cache" if report.from_cache else ""
+    render.ERR.print(f"Pulled {report.origin}{cache}: {checked}.", highlight=False, soft_wrap=True)
+    for note in report.notes:
+        render.ERR.print(f"Note: {note}.", highlight=False, soft_wrap=True)
+    render.ERR.print(f"Continue with: sb evaluate {report.path}  |  sb add-task {report.path} FOLDER --test FOLDER",
+                     highlight=False, soft_wrap=True)
+    typer.echo(str(report.path))

@@ -1,0 +1,148 @@
+"""`sb predict`: a learner and its ONNX export give the same top-k answers, read with the right labels."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from PIL import Image
+from typer.testing import CliRunner
+
+from sbcli import api
+from sbcli.cli.app import app
+from sbcli.engine import TrainConfig
+from sbcli.errors import ConfigError, DataError, ExportError
+from sbcli.learner import Learner, LearnerState
+from sbcli.memory import ExemplarMemory
+from sbcli.methods import build_config
+from sbcli.nets import create_model
+
+SIZE = 16
+NAMES = ["cat", "dog", "fox", "owl", "elk"]
+
+
+def make_learner(seed: int = 0) -> Learner:
+    """Five classes in two tasks, random weights and BatchNorm statistics, a few exemplars."""
+    torch.manual_seed(seed)
+    state = LearnerState(arch="resnet18", width=0.125, image_size=SIZE, normalization={"mean": [0.5] * 3, "std": [0.25] * 3},
+                         method="std", method_config=asdict(build_config("std", {})), train_config=asdict(TrainConfig()),
+                         memory={"budget": 10, "selection": "random", "seed": 0}, seed=0, class_names=list(NAMES),
+                         class_task=[0, 0, 0, 1, 1], tasks=[], history=[{"step": 1}, {"step": 2}],
+                         provenance={"dataset": "synthetic"})
+    model = create_model("resnet18", len(NAMES), 0.125)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    memory = ExemplarMemory(10, "random", 0)
+    memory.images = torch.randint(0, 256, (10, 3, SIZE, SIZE), dtype=torch.uint8)
+    memory.labels = torch.arange(10) % len(NAMES)
+    return Learner(state, model.eval(), memory)
+
+
+def write_images(folder: Path, count: int, seed: int, size: tuple[int, int] = (SIZE, SIZE), mode: str = "RGB") -> list[Path]:
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(count):
+        pixels = rng.integers(0, 256, (size[1], size[0], len(mode)), dtype=np.uint8)
+        paths.append(folder / f"img{i:02d}.png")
+        Image.fromarray(pixels, mode=mode).save(paths[-1])
+    return paths
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("served")
+    make_learner().save(root / "learner")
+    api.export_onnx(root / "learner", root / "model.onnx")
+    write_images(root / "images", 5, seed=1)
+    write_images(root / "images" / "nested", 3, seed=2, size=(40, 28), mode="RGBA")  # resized, alpha dropped
+    (root / "images" / "notes.txt").write_text("not an image")  # skipped when a folder is searched
+    return {"root": root, "learner": root / "learner", "onnx": root / "model.onnx", "images": root / "images"}
+
+
+def test_learner_and_onnx_give_the_same_answers(served) -> None:
+    by_learner = api.predict(served["learner"], [served["images"]], top_k=5, device="cpu")
+    by_onnx = api.predict(served["onnx"], [served["images"]], top_k=5)
+    assert [p.image for p in by_learner] == [p.image for p in by_onnx]
+    assert len(by_onnx) == 8 and by_onnx[-1].image.endswith("nested/img02.png")
+    for a, b in zip(by_learner, by_onnx, strict=True):
+        assert a.labels == b.labels
+        np.testing.assert_allclose(a.probabilities, b.probabilities, atol=1e-5)
+        assert sorted(b.labels) == sorted(NAMES)
+        assert b.probabilities == sorted(b.probabilities, reverse=True)
+        assert math.isclose(sum(b.probabilities), 1.0, abs_tol=1e-6)
+
+
+def test_labels_come_from_the_metadata_in_label_order(tmp_path: Path) -> None:
+    """A head that always says class 3 with logit ln 9: every image is 'owl' with p = 9 / (9 + 4)."""
+    learner = make_learner(seed=4)
+    with torch.no_grad():
+        learner.model.head.weight.zero_()
+        learner.model.head.bias.copy_(torch.tensor([0.0, 0.0, 0.0, math.log(9.0), 0.0]))
+    learner.save(tmp_path / "learner")
+    api.export_onnx(tmp_path / "learner", tmp_path / "owl.onnx")
+    images = write_images(tmp_path / "img", 3, seed=5)
+    for model in (tmp_path / "learner", tmp_path / "owl.onnx"):
+        predictions = api.predict(model, images, top_k=2, device="cpu")
+        assert [p.labels[0] for p in predictions] == ["owl"] * 3
+        for p in predictions:
+            assert p.probabilities[0] == pytest.approx(9 / 13, abs=1e-5)
+            assert p.probabilities[1] == pytest.approx(1 / 13, abs=1e-5)
+
+
+def test_top_k_is_capped_at_the_number_of_classes(served) -> None:
+    (first, *_) = api.predict(served["onnx"], [served["images"] / "img00.png"], top_k=50)
+    assert len(first.labels) == len(NAMES)
+
+
+def test_cli_json_and_table(served) -> None:
+    runner = CliRunner()
+    res = runner.invoke(app, ["predict", str(served["onnx"]), str(served["images"] / "img00.png"), "--json", "-k", "2"])
+    assert res.exit_code == 0, res.output
+    (entry,) = json.loads(res.stdout)
+    assert entry["image"].endswith("img00.png") and len(entry["top"]) == 2
+    assert entry["top"][0]["label"] in NAMES and 0 < entry["top"][0]["probability"] <= 1
+    res = runner.invoke(app, ["predict", str(served["learner"]), str(served["images"]), "--device", "cpu"], env={"COLUMNS": "200"})
+    assert res.exit_code == 0, res.output
+    assert "img00.png" in res.stdout and "top 3 of 8 images" in res.stdout
+    assert any(name in res.stdout for name in NAMES)
+
+
+def test_bad_inputs_are_one_clear_error(served, tmp_path: Path) -> None:
+    bad = tmp_path / "broken.jpg"
+    bad.write_bytes(b"\xff\xd8 not really a jpeg")
+    with pytest.raises(DataError, match="does not exist"):
+        api.predict(served["onnx"], [tmp_path / "missing.png"])
+    with pytest.raises(DataError, match="Cannot decode image .*broken.jpg"):
+        api.predict(served["onnx"], [bad])
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="No image files"):
+        api.predict(served["onnx"], [tmp_path / "empty"])
+    with pytest.raises(ConfigError, match="neither a learner directory"):
+        api.predict(served["images"], [served["images"]])
+    with pytest.raises(ConfigError, match="--top-k"):
+        api.predict(served["onnx"], [served["images"]], top_k=0)
+    res = CliRunner().invoke(app, ["predict", str(served["onnx"]), str(tmp_path / "missing.png")])
+    assert res.exit_code == 1 and "does not exist" in res.output
+
+
+def test_onnx_file_without_sbcli_metadata_is_refused(served, tmp_path: Path) -> None:
+    node = onnx.helper.make_node("Identity", ["images"], ["logits"])
+    value = onnx.helper.make_tensor_value_info
+    graph = onnx.helper.make_graph([node], "plain", [value("images", onnx.TensorProto.FLOAT, ["n", 3, SIZE, SIZE])],
+                                   [value("logits", onnx.TensorProto.FLOAT, ["n", 3, SIZE, SIZE])])
+    onnx.save_model(onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)]), str(tmp_path / "plain.onnx"))
+    with pytest.raises(ExportError, match="no sbcli metadata"):
+        api.predict(tmp_path / "plain.onnx", [served["images"]])
+    (tmp_path / "junk.onnx").write_bytes(b"junk")
+    with pytest.raises(DataError, match="onnxruntime cannot load"):
+        api.predict(tmp_path / "junk.onnx", [served["images"]])
