@@ -17,7 +17,7 @@ import torch
 from sbcli import __version__, distributed
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.imageset import ImageSet
-from sbcli.data.scenario import make_scenario
+from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.engine import Engine, ProgressEvent, TrainConfig
 from sbcli.errors import ConfigError, DataError, DeviceError, LearnerError
 from sbcli.learner import Learner, LearnerState
@@ -60,6 +60,7 @@ class SequenceOptions:
     increment: int | None = None
     order_seed: int | None = 0
     class_order: list[int] | None = None
+    classes: int | None = None  # keep only the first N classes of the class order (a smaller benchmark)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -99,6 +100,50 @@ def _new_state(run: RunOptions, image_size: int, norm: dict, plan: dict, dataset
     )
 
 
+def sequence_scenario(seq: SequenceOptions, num_classes: int) -> Scenario:
+    """The class order and task split of a sequence; with ``seq.classes``, only the order's first N classes.
+
+    Raises:
+        ConfigError: the class count or the task split does not fit the source.
+    """
+    if seq.classes is None:
+        return make_scenario(num_classes, seq.order_seed, seq.tasks, seq.base, seq.increment, seq.class_order)
+    if not 1 <= seq.classes <= num_classes:
+        raise ConfigError(f"--classes {seq.classes} is outside 1..{num_classes}, the classes of this source.")
+    order = make_scenario(num_classes, seq.order_seed, order=seq.class_order).order[: seq.classes]
+    return Scenario(order=order, sizes=task_sizes(seq.classes, seq.tasks, seq.base, seq.increment))
+
+
+def with_image_size(spec: dict, image_size: int | None) -> dict:
+    """A benchmark spec that records a resolution other than its native one (folders carry theirs)."""
+    if image_size is None or spec["kind"] == "folder" or image_size == spec_image_size(spec):
+        return spec
+    if image_size < 8:
+        raise ConfigError(f"--image-size {image_size} is too small; use 8 pixels or more.")
+    return {**spec, "image_size": image_size}
+
+
+def open_sized(spec: dict, train: bool = True, test: bool = True) -> Opened:
+    """``open_spec``, then a benchmark's images resized to the spec's ``image_size`` when it has one."""
+    opened = open_spec(spec, train=train, test=test)
+    size = spec.get("image_size")
+    if spec["kind"] == "folder" or size is None:
+        return opened
+    return dataclasses.replace(opened, train=_resized(opened.train, size), test=_resized(opened.test, size))
+
+
+def _resized(images: ImageSet | None, size: int, chunk: int = 2048) -> ImageSet | None:
+    """Antialiased bilinear resize of uint8 images, in chunks to bound the float copy."""
+    if images is None or images.image_size == size:
+        return images
+    if len(images) == 0:
+        return ImageSet(images.images.new_zeros(0, 3, size, size), images.labels, list(images.class_names))
+    parts = [torch.nn.functional.interpolate(images.images[i : i + chunk].float(), size=(size, size), mode="bilinear",
+                                             antialias=True, align_corners=False).round_().clamp_(0, 255).to(torch.uint8)
+             for i in range(0, len(images), chunk)]
+    return ImageSet(torch.cat(parts), images.labels, list(images.class_names))
+
+
 def _check_out(out: Path, resume: bool) -> None:
     if resume and not (out / "learner.json").is_file():
         raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
@@ -115,11 +160,11 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     out = Path(out)
     device = _check_run(run)
     _check_out(out, resume)
-    spec = resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
-                        download=seq.download)
-    opened = open_spec(spec)
+    spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
+                                        download=seq.download), seq.image_size)
+    opened = open_sized(spec)
     names = opened.train.class_names
-    scenario = make_scenario(len(names), seq.order_seed, seq.tasks, seq.base, seq.increment, seq.class_order)
+    scenario = sequence_scenario(seq, len(names))
     plan = {"source": spec, "scenario": scenario.to_json()}
     if resume:
         learner = Learner.load(out, device)
@@ -127,12 +172,13 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
             raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
     else:
         norm = opened.norm or compute_normalization(opened.train.images)
-        state = _new_state(run, spec_image_size(spec), norm.to_json(), plan, spec["kind"])
+        state = _new_state(run, spec.get("image_size") or spec_image_size(spec), norm.to_json(), plan, spec["kind"])
+        torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
         model = create_model(run.arch, scenario.sizes[0], run.width).to(device)
         learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
     ordered = [names[c] for c in scenario.order]
-    torch.manual_seed(run.seed)
     for step in range(learner.state.steps, len(scenario.sizes)):
+        torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
         new = [names[c] for c in scenario.tasks[step]]
         seen = ordered[: sum(scenario.sizes[: step + 1])]
         summary_ = _learn(learner, opened, new, seen, ordered, spec, device, run.seed, on_progress)
@@ -149,7 +195,8 @@ def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], or
     cfg = TrainConfig(**_tuples(learner.state.train_config))
     engine = Engine(cfg, device, learner.norm, seed * 1000 + learner.state.steps, on_progress)
     record = {"classes": new, "source": spec}
-    return learn_step(learner, train_set, test_set, new, engine, record)
+    return learn_step(learner, train_set, test_set, new, engine, record,
+                      seen_train=lambda: relabel(opened.train, ordered, seen))
 
 
 def _tuples(cfg: dict) -> dict:
@@ -179,7 +226,7 @@ def load_test_sets(learner: Learner) -> ImageSet:
     """The test images of every class the learner knows, reloaded from each task's source."""
     parts: list[ImageSet] = []
     for task in learner.state.tasks:
-        opened = open_spec(task["source"], train=False, test=True)
+        opened = open_sized(task["source"], train=False, test=True)
         if opened.test is not None:
             parts.append(relabel(opened.test, learner.state.class_names, task["classes"]))
     if not parts:

@@ -1,15 +1,17 @@
 """Scores over every seen class for a learner's inference rule.
 
-``wa``, ``none`` and ``bic`` live in the network's weights (WA is applied to the head, BiC is a
-layer of the model), so their scores are the logits. Rules that need more than the forward pass
-register a scorer here by name.
+``wa`` and ``none`` live in the network's weights (WA is applied to the head), so their scores
+are the logits. ``bic`` folds the last step's bias layer (``extra["bic.scale"]``,
+``extra["bic.shift"]``) into a copy of the head, so it too is a plain network. Rules that need more
+than the forward pass register a scorer here by name.
 
 A rule is best registered as a *scoring module* (:func:`register_scoring_module`): one
 ``nn.Module`` from normalised images to scores, built from the model and the learner's extra
 tensors. That single definition serves ``sb evaluate``, ``sb predict`` and the ONNX export (where
 it becomes part of the graph). A rule with only an engine scorer still evaluates, but cannot be
 exported. ``nme`` (iCaRL's nearest mean of exemplars, class means in ``extra["nme.class_means"]``)
-is registered here as a module.
+is registered here as a module, and again as ``icarl`` (the STD training with iCaRL's loss, whose
+class means are rebuilt after every memory update by the refresh registered for it).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import nn
 
 from sbcli.engine import Engine
 from sbcli.errors import ConfigError, ExportError
+from sbcli.methods import bic, nme
 from sbcli.nets.resnet import IncrementalResNet
 
 Scorer = Callable[[IncrementalResNet, dict[str, torch.Tensor], Engine, torch.Tensor], torch.Tensor]
@@ -81,7 +84,7 @@ def scoring_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], inf
     return module.train(model.training)
 
 
-NME_MEANS = "nme.class_means"
+NME_MEANS = nme.MEANS_KEY  # "nme.class_means"
 
 
 class NearestMeanScores(nn.Module):
@@ -110,3 +113,22 @@ def nearest_mean_module(model: IncrementalResNet, extra: dict[str, torch.Tensor]
         raise ExportError(f"The stored class means have shape {tuple(means.shape)}, not "
                           f"({model.num_classes}, {model.num_features}); the learner is inconsistent, retrain its last step.")
     return NearestMeanScores(model, means)
+
+
+register_scoring_module("icarl")(nearest_mean_module)
+register_scoring_module("bic")(bic.fold_correction)
+
+
+FeatureFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+StateRefresh = Callable[[IncrementalResNet, torch.Tensor, torch.Tensor, FeatureFn], dict[str, torch.Tensor]]
+STATE_REFRESH: dict[str, StateRefresh] = {"icarl": nme.refresh_means}
+
+
+def refresh_state(inference: str, model: IncrementalResNet, images: torch.Tensor, labels: torch.Tensor,
+                  engine: Engine) -> dict[str, torch.Tensor]:
+    """The rule's state rebuilt from the exemplars ``images``/``labels`` after a memory update.
+
+    Empty for rules whose state does not depend on the memory (all but ``icarl``).
+    """
+    refresh = STATE_REFRESH.get(inference)
+    return {} if refresh is None else refresh(model, images, labels, engine.features)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from sbcli import __version__
-from sbcli.cli import add_task, evaluate, export, predict, pull, train
+from sbcli.cli import add_task, bench, evaluate, export, predict, pull, train
 
 app = typer.Typer(
     name="sb",
@@ -17,6 +17,7 @@ app = typer.Typer(
 app.command("train", epilog=train.EPILOG)(train.train)
 app.command("add-task", epilog=add_task.EPILOG)(add_task.add_task)
 app.command("evaluate", epilog=evaluate.EPILOG)(evaluate.evaluate)
+app.command("bench", epilog=bench.EPILOG)(bench.bench)
 app.command("export", epilog=export.EPILOG)(export.export)
 app.command("predict", epilog=predict.EPILOG)(predict.predict)
 app.command("pull", epilog=pull.EPILOG)(pull.pull)

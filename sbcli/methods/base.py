@@ -28,7 +28,10 @@ class TaskContext:
     ``model`` already has its head grown to ``num_total`` classes; ``teacher`` is a frozen copy of
     the model after the previous step (None at step 0); ``data`` holds the new task's images plus
     the exemplars, on the device; ``evaluate`` measures the current model on the test images of
-    every seen class (for the per-phase records of an ablation).
+    every seen class (for the per-phase records of an ablation). ``extra`` is the method state
+    the learner kept from the previous step (e.g. BiC's correction); ``memory_budget`` the total
+    exemplar budget; ``seen_data`` returns the training images of every class seen so far, on the
+    device, when the sequence has them (``api.train``), and is None when it does not (``add-task``).
     """
 
     step: int
@@ -41,6 +44,9 @@ class TaskContext:
     epochs: int
     evaluate: Callable[[], StepMetrics]
     make_aux_model: Callable[[int], IncrementalResNet] | None = None
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    memory_budget: int = 0
+    seen_data: Callable[[], DeviceData] | None = None
 
     @property
     def lam(self) -> float:

@@ -1,7 +1,9 @@
 """STD: the standard KD baseline, lambda * KD + (1 - lambda) * CE, teacher = model t-1.
 
-Inference variants: ``wa`` (default; head bias held at zero, weight aligning after each step)
-and ``none`` (the plain head).
+Inference variants (spec section 10): ``wa`` (default; head bias held at zero, weight aligning
+after each step), ``bic`` (a bias layer fit on held-out data, :mod:`sbcli.methods.bic`), ``icarl``
+(training loss CE + KD unweighted, nearest mean of exemplars at inference,
+:mod:`sbcli.methods.nme`) and ``none`` (the plain head).
 """
 
 from __future__ import annotations
@@ -12,17 +14,19 @@ import torch
 
 from sbcli.engine import Phase, StepOutputs
 from sbcli.errors import ConfigError
-from sbcli.losses import kd_ce_loss
+from sbcli.losses import ce_loss, kd_ce_loss, kd_loss
 from sbcli.methods.base import TaskContext, TaskResult, register_method
+from sbcli.methods.bic import BiasTraining, learn_bic_step
 from sbcli.methods.common import learn_first_task, weight_align, zero_head_bias
 
-INFERENCES = ("wa", "none")
+INFERENCES = ("wa", "none", "bic", "icarl")
 
 
 @dataclass(frozen=True)
 class Config:
     inference: str = "wa"  # spec section 10: STD + WA is the paper's strongest STD variant
     first_task_rules: bool = True  # authors' code: zero head bias, clip negative head weights in step 1
+    bic_val_fraction: float = 0.1  # BiC: a tenth of the per-class exemplar quota is held out for the bias layer
 
     def __post_init__(self) -> None:
         if self.inference not in INFERENCES:
@@ -38,10 +42,34 @@ def std_loss(lam: float):
     return loss
 
 
-@register_method("std", Config, "lambda*KD + (1-lambda)*CE, with WA by default")
+def icarl_loss(out: StepOutputs) -> torch.Tensor:
+    """iCaRL's training loss as the paper's baseline uses it: CE + KD(old logits), unweighted."""
+    num_old = out.teacher_logits.shape[1]
+    return kd_loss(out.logits[:, :num_old], out.teacher_logits) + ce_loss(out.logits, out.targets)
+
+
+@register_method("std", Config, "lambda*KD + (1-lambda)*CE, with WA (default), BiC, iCaRL (NME) or no inference rule")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     if ctx.step == 0:
+        if cfg.inference in ("bic", "icarl") and ctx.memory_budget < ctx.num_total:
+            raise ConfigError(f"--inference {cfg.inference} needs exemplars of every class; give --memory of at least "
+                              "a few images per class.")
         return learn_first_task(ctx, cfg.first_task_rules)
+    return STEPS[cfg.inference](ctx, cfg)
+
+
+def _learn_bic(ctx: TaskContext, cfg: Config) -> TaskResult:
+    return learn_bic_step(ctx, BiasTraining(val_fraction=cfg.bic_val_fraction))
+
+
+def _learn_icarl(ctx: TaskContext, cfg: Config) -> TaskResult:
+    """CE + KD; the class means that score at inference are refreshed after the memory update."""
+    phase = Phase("std", icarl_loss, ctx.epochs, teacher=ctx.teacher)
+    return TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
+
+
+def _learn_std(ctx: TaskContext, cfg: Config) -> TaskResult:
+    """The STD loss; with ``wa`` the head bias stays zero and the new rows are aligned afterwards."""
     wa = cfg.inference == "wa"
     hooks = (zero_head_bias,) if wa else ()
     if wa:
@@ -52,3 +80,6 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
         result.record["before_wa"] = ctx.evaluate().to_json()
         result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
     return result
+
+
+STEPS = {"wa": _learn_std, "none": _learn_std, "bic": _learn_bic, "icarl": _learn_icarl}

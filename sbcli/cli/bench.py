@@ -1,0 +1,105 @@
+"""`sb bench`: rebuild the paper's comparison (Table 1, Figures 3 to 5) on a dataset and a budget."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from sbcli.cli._errors import friendly_errors
+from sbcli.cli._options import DATA, METHOD, OPT, OUT, DeviceOpt, EpochsOpt, JsonOpt, SeedOpt
+
+EPILOG = """Examples:
+
+  sb bench                                                    # every method on the demo, 2 and 5 tasks
+
+  sb bench tiny-imagenet --data-root tiny-imagenet-200.zip --out runs/table1   # the paper's budget (GPU days)
+
+  sb bench ../shared/data/tiny-imagenet-100.zip --classes 20 --image-size 32 --width 0.25 --epochs 3 \\
+      --memory 200 --tasks 2,5 --out runs/bench-cpu                             # a CPU-sized rebuild
+
+Run the same command again to resume: finished cells are skipped.
+"""
+
+ALL_METHODS = "finetune,std-icarl,std-bic,std-wa,dd-wa,sb-wa,joint"
+
+
+def _ints(text: str, option: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(p) for p in text.split(",") if p.strip())
+    except ValueError:
+        raise typer.BadParameter(f"{option} takes whole numbers separated by commas, e.g. 2,5,10.") from None
+
+
+def defaults(source: str | None) -> dict:
+    """The demo's CPU budget for the demo, the paper's budget for everything else."""
+    from sbcli.cli.train import DEMO_DEFAULTS, GLOBAL_DEFAULTS, PAPER_DEFAULTS
+
+    base = DEMO_DEFAULTS if source in (None, "demo") else PAPER_DEFAULTS
+    return {**GLOBAL_DEFAULTS, **base, "tasks": "2,5" if source in (None, "demo") else "2,5,10,20"}
+
+
+def build_plan(o: dict) -> Any:
+    """The BenchPlan of the command's options (None: the default)."""
+    from sbcli.api import RunOptions, SequenceOptions
+    from sbcli.bench import BenchPlan
+    from sbcli.engine import TrainConfig
+
+    d = defaults(o["source"])
+    v = {k: d.get(k) if o.get(k) is None else o[k] for k in set(d) | set(o)}
+    order_seed = None if v["order_seed"] == -1 else v["order_seed"]
+    seq = SequenceOptions(source=v["source"], test=None if v["test"] is None else str(v["test"]), data_root=v["data_root"],
+                          download=v["download"], image_size=v["image_size"], order_seed=order_seed, classes=v["classes"])
+    train = TrainConfig(epochs=v["epochs"], batch_size=v["batch_size"], lr=v["lr"])
+    run = RunOptions(arch=v["arch"], width=v["width"], train=train, memory=v["memory"], selection=v["selection"],
+                     seed=v["seed"], device=v["device"])
+    methods = tuple(m.strip() for m in v["methods"].split(",") if m.strip())
+    return BenchPlan(methods, _ints(v["tasks"], "--tasks"), seq, run, rho=v["rho"])
+
+
+@friendly_errors
+def bench(
+    source: Annotated[Optional[str], typer.Argument(help="demo (default), cifar100, tiny-imagenet, a Tiny-ImageNet zip/dir, or a class-per-folder directory.", show_default=False)] = None,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Bench directory: one learner per cell, the table and the figures.", rich_help_panel=OUT)] = Path("runs/bench"),
+    methods: Annotated[str, typer.Option("--methods", help="Rows, comma-separated: " + ALL_METHODS + ".", rich_help_panel=METHOD)] = ALL_METHODS,
+    tasks: Annotated[Optional[str], typer.Option("--tasks", help="Columns: task counts, comma-separated (default 2,5,10,20; demo 2,5).", rich_help_panel=DATA, show_default=False)] = None,
+    classes: Annotated[Optional[int], typer.Option("--classes", help="Keep only the first N classes of the class order (a smaller benchmark).", rich_help_panel=DATA, show_default=False)] = None,
+    image_size: Annotated[Optional[int], typer.Option("--image-size", help="Training resolution (benchmarks are resized from their own).", rich_help_panel=DATA, show_default=False)] = None,
+    test: Annotated[Optional[Path], typer.Option("--test", help="Class-per-folder test images, for a folder source.", rich_help_panel=DATA, show_default=False)] = None,
+    data_root: Annotated[Optional[str], typer.Option("--data-root", help="Where cifar100 lives, or the Tiny-ImageNet dir/zip.", rich_help_panel=DATA, show_default=False)] = None,
+    download: Annotated[bool, typer.Option("--download", help="Let torchvision download CIFAR into --data-root.", rich_help_panel=DATA)] = False,
+    order_seed: Annotated[Optional[int], typer.Option("--order-seed", help="Class order seed: 0 (default, S&B code), 1993 (iCaRL), -1 the dataset's order.", rich_help_panel=DATA, show_default=False)] = None,
+    rho: Annotated[Optional[float], typer.Option("--rho", help="S&B's rho for every column (default: the paper's value per task count).", rich_help_panel=METHOD, show_default=False)] = None,
+    arch: Annotated[Optional[str], typer.Option("--arch", help="resnet18 (default) or resnet32.", rich_help_panel=OPT, show_default=False)] = None,
+    width: Annotated[Optional[float], typer.Option("--width", help="Width multiplier (paper 1.0).", rich_help_panel=OPT, show_default=False)] = None,
+    epochs: EpochsOpt = None,
+    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Batch size (paper: 256).", rich_help_panel=OPT, show_default=False)] = None,
+    lr: Annotated[Optional[float], typer.Option("--lr", help="Initial learning rate (default 0.1).", rich_help_panel=OPT, show_default=False)] = None,
+    memory: Annotated[Optional[int], typer.Option("--memory", help="Exemplar budget (paper: 2000).", rich_help_panel=OPT, show_default=False)] = None,
+    selection: Annotated[Optional[str], typer.Option("--selection", help="Exemplar choice: random (default), herding or first.", rich_help_panel=OPT, show_default=False)] = None,
+    seed: SeedOpt = None,
+    device: DeviceOpt = "auto",
+    plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNG figures (needs matplotlib).", rich_help_panel=OUT)] = True,
+    json_out: JsonOpt = False,
+) -> None:
+    """Run a grid of methods x task counts with one budget (resumable); write Table 1 and Figures 3-5."""
+    from sbcli.bench import run_bench
+    from sbcli.cli import render
+
+    plan = build_plan({k: v for k, v in locals().items() if k not in ("out", "plots", "json_out")})
+
+    def on_cell(cell, index, count, action):
+        render.ERR.print(f"[bold]cell {index}/{count}[/]: {cell.method}, {cell.tasks} tasks · {action}", highlight=False)
+
+    every = max(1, plan.run.train.epochs // 5)
+    result = run_bench(plan, out, plots=plots, on_cell=on_cell, on_progress=render.ProgressPrinter(every),
+                       on_step=render.step_line)
+    for note in result.notes:
+        render.ERR.print(note, highlight=False)
+    if json_out:
+        render.print_json({**result.table, "files": [str(f) for f in result.files]})
+        return
+    render.OUT.print((out / "table.md").read_text(encoding="utf-8"), markup=False, highlight=False)
+    render.OUT.print(f"Ran {len(result.ran)} cell(s), skipped {len(result.skipped)} finished; wrote "
+                     + ", ".join(str(f) for f in result.files), highlight=False)

@@ -1,0 +1,54 @@
+"""iCaRL's class means for its nearest-mean-of-exemplars (NME) inference.
+
+Each class's mean is taken over the L2-normalised pooled features of its exemplars and of their
+horizontal flips, then normalised again (Rebuffi et al. 2017, as in PyCIL). The means are rebuilt
+after every memory update, with the model that chose the memory, and kept in the learner as the
+``nme.class_means`` tensor [C_seen, D]; the scoring module of :mod:`sbcli.inference` scores an
+image by the negative squared distance of its normalised features to every mean, so the argmax
+is the nearest mean and slicing the scores by class (intra-old, intra-new) stays meaningful.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from sbcli.errors import ConfigError
+from sbcli.nets.resnet import IncrementalResNet
+
+MEANS_KEY = "nme.class_means"  # read by the nme/icarl scoring module
+
+FeatureFn = Callable[[torch.Tensor], torch.Tensor]
+
+
+def class_means(features: FeatureFn, images: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """Unit-norm mean of the normalised features of each class's images and their flips.
+
+    Args:
+        features: uint8 images [N, 3, H, W] -> pooled features [N, D].
+        images: the exemplars.
+        labels: their classes, in ``range(num_classes)``.
+        num_classes: the classes to return a mean for.
+
+    Raises:
+        ConfigError: a class has no exemplar (the memory is smaller than the number of classes).
+    """
+    feats = F.normalize(features(images), dim=1) + F.normalize(features(images.flip(-1)), dim=1)
+    labels = labels.to(feats.device)
+    counts = torch.bincount(labels, minlength=num_classes)[:num_classes]
+    if bool((counts == 0).any()):
+        missing = int((counts == 0).sum())
+        raise ConfigError(f"--inference icarl needs exemplars of every class, but {missing} class(es) have none; "
+                          "raise --memory to at least one exemplar per class.")
+    sums = torch.zeros(num_classes, feats.shape[1], dtype=feats.dtype, device=feats.device).index_add_(0, labels, feats)
+    return F.normalize(sums / counts[:, None], dim=1)
+
+
+def refresh_means(model: IncrementalResNet, images: torch.Tensor, labels: torch.Tensor,
+                  features: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The class means of the exemplars ``images``/``labels`` under ``model`` (after a memory update)."""
+    means = class_means(lambda x: features(model, x), images, labels, model.num_classes)
+    return {MEANS_KEY: means.cpu()}
