@@ -49,7 +49,11 @@ def history_table(history: list[dict], title: str = "Accuracy after each step (%
 
 
 def ablation_table(history: list[dict]) -> Table | None:
-    """Split only (after B) / split + bridge (after C) / + WA, per split step."""
+    """Split only (after B) / split + bridge (after C) / + WA, per incremental step of Split-and-Bridge.
+
+    A step that was not split (bf = 1) shows "-" for "after B" and the cross norm; "+WA" is "-" when
+    the learner does not weight-align (``--inference none``).
+    """
     rows = [h for h in history if "after_C" in h.get("record", {})]
     if not rows:
         return None
@@ -59,7 +63,8 @@ def ablation_table(history: list[dict]) -> Table | None:
     for h in rows:
         r = h["record"]
         after_b = r.get("after_B", {}).get("overall")
-        table.add_row(str(h["step"]), fmt(after_b), fmt(r["after_C"]["overall"]), fmt(h["metrics"]["overall"]),
+        with_wa = h["metrics"]["overall"] if "wa_factor" in r else None
+        table.add_row(str(h["step"]), fmt(after_b), fmt(r["after_C"]["overall"]), fmt(with_wa),
                       fmt(r.get("cross_norm_before_disconnect"), 4))
     return table
 

@@ -12,6 +12,13 @@ from sbcli.cli import render
 from sbcli.errors import ConfigError
 
 METHOD_KEYS = ("inference", "rho", "sparsity", "gamma", "bn_reset")
+# What a recipe may set: the `sb train` options that describe an experiment (plus the class order
+# as a list). Output, device and run-control flags stay on the command line.
+RECIPE_KEYS = frozenset({
+    "source", "test", "data_root", "image_size", "tasks", "base", "increment", "order_seed", "class_order",
+    "method", *METHOD_KEYS, "phase_epochs", "arch", "width", "epochs", "batch_size", "lr", "memory", "selection",
+    "seed", "recipe_path",
+})
 
 
 def _phase_epochs(value: Any) -> dict[str, int]:
@@ -28,6 +35,10 @@ def merge(given: dict, defaults: dict) -> dict:
     from sbcli.recipes import load_recipe
 
     recipe = load_recipe(given["recipe"], given["source"]) if given.get("recipe") else {}
+    unknown = sorted(set(recipe) - RECIPE_KEYS)
+    if unknown:
+        raise ConfigError(f"Recipe {recipe['recipe_path']} sets {', '.join(unknown)}, which are not `sb train` "
+                          "options a recipe may set; rename or remove them.")
     merged = dict(defaults)
     merged.update({k: v for k, v in recipe.items() if k != "source"})
     merged.update({k: v for k, v in given.items() if v is not None})

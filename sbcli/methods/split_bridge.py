@@ -10,11 +10,12 @@ model t-1.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from sbcli.engine import Phase, StepOutputs
+from sbcli.engine import LossFn, Phase, StepOutputs
 from sbcli.errors import ConfigError
 from sbcli.losses import kd_ce_loss, kd_loss, localized_ce
 from sbcli.methods.base import TaskContext, TaskResult, register_method
@@ -23,7 +24,8 @@ from sbcli.nets.partition import (Partition, bridge, cross_norm, disconnect, enf
                                   reset_split_batchnorms, sparsity_code, sparsity_paper)
 from sbcli.nets.resnet import IncrementalResNet
 
-SPARSITY_FORMS = {"code": sparsity_code, "paper": sparsity_paper}
+Penalty = Callable[[IncrementalResNet, Partition], torch.Tensor]
+SPARSITY_FORMS: dict[str, Penalty] = {"code": sparsity_code, "paper": sparsity_paper}
 
 
 @dataclass(frozen=True)
@@ -47,7 +49,8 @@ class Config:
             raise ConfigError("--inference for sb is 'wa' or 'none'.")
 
 
-def separated_loss(num_old: int, penalty=None, gamma: float = 0.0, partition: Partition | None = None):
+def separated_loss(num_old: int, penalty: Penalty | None = None, gamma: float = 0.0,
+                   partition: Partition | None = None) -> LossFn:
     """KD (old logits, teacher t-1) + LCE, plus gamma * sparsity in phase A."""
 
     def loss(out: StepOutputs) -> torch.Tensor:
@@ -59,7 +62,7 @@ def separated_loss(num_old: int, penalty=None, gamma: float = 0.0, partition: Pa
     return loss
 
 
-def bridge_loss(num_old: int, lam: float):
+def bridge_loss(num_old: int, lam: float) -> LossFn:
     """lambda * KD + (1 - lambda) * CE; the teacher is the split model, KD on its old logits."""
 
     def loss(out: StepOutputs) -> torch.Tensor:

@@ -9,19 +9,26 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from fractions import Fraction
 
 import torch
 from torch import nn
 
 from sbcli.nets.resnet import IncrementalResNet, PartitionedLayer
 
-SOFT_OWN = 0.982  # authors' code: membership of a channel in its own group
-SOFT_OTHER = 0.018  # ... and in the other group
+# Authors' code: a channel's soft membership is softmax([2, -2]) over the two groups, i.e.
+# sigmoid(4) = 0.98201 in its own group and 0.01799 in the other.
+SOFT_OWN = 1.0 / (1.0 + math.exp(-4.0))
+SOFT_OTHER = 1.0 - SOFT_OWN
 
 
-def split_fraction(rho: float, num_old: int, num_total: int) -> float:
-    """bf = min(1, rho * C_old / C_total) (spec section 3)."""
-    return min(1.0, rho * num_old / num_total)
+def split_fraction(rho: float, num_old: int, num_total: int) -> Fraction:
+    """bf = min(1, rho * C_old / C_total) (spec section 3), as an exact fraction.
+
+    rho is read as the decimal it was written as (1.2 is 6/5), so that floor(width * bf) has no
+    rounding error where the product is a whole number (e.g. rho 1.2, C_old 100, C_total 120: bf = 1).
+    """
+    return min(Fraction(1), Fraction(repr(float(rho))) * num_old / num_total)
 
 
 @dataclass(frozen=True)
@@ -60,7 +67,7 @@ def make_partition(model: IncrementalResNet, rho: float, num_old: int) -> Partit
     bf = split_fraction(rho, num_old, model.num_classes)
     old = {s: math.floor(w * bf) for s, w in widths.items()}
     old["classes"] = num_old
-    return Partition(bf=bf, old=old, width=widths)
+    return Partition(bf=float(bf), old=old, width=widths)
 
 
 def _group_vector(old: int, width: int, device: torch.device) -> torch.Tensor:
@@ -98,7 +105,9 @@ def sparsity_paper(model: IncrementalResNet, partition: Partition) -> torch.Tens
         out_old = _group_vector(partition.old[layer.out_set], weight.shape[0], weight.device)
         in_old = _group_vector(partition.old[layer.in_set], weight.shape[1], weight.device)
         for block in (torch.outer(out_old, 1 - in_old), torch.outer(1 - out_old, in_old)):
-            terms.append((weight * _expand(block, weight)).pow(2).sum().add(1e-12).sqrt())
+            # vector_norm's gradient at 0 is 0 (not NaN), so no epsilon: the penalty is exactly 0
+            # when every cross block is 0.
+            terms.append(torch.linalg.vector_norm(weight * _expand(block, weight)))
     return torch.stack(terms).sum()
 
 
@@ -110,22 +119,26 @@ def _soft(old: int, width: int, device: torch.device) -> tuple[torch.Tensor, tor
 
 
 def group_lasso(layer: PartitionedLayer, partition: Partition) -> torch.Tensor:
-    """Authors' per-tensor group lasso over cross rows and columns, normalised by fan-in.
+    """Authors' per-tensor group lasso: SplitNet's group weight regularisation with two fixed groups.
 
-    For each group g, every output row is weighted by its membership in g and penalised by the
-    L2 norm of its weights from the other group's inputs; likewise every input column.
+    With soft memberships m (0.982 own group, 0.018 other) of the output and input channels, for
+    each group g: every input column j costs m_in[other](j) * ||m_out[g] * W[:, j]|| and every output
+    row o costs m_out[other](o) * ||m_in[g] * W[o, :]|| (norms over the kernel too). Column costs
+    are divided by sqrt(C_in * C_out), row costs by C_out: the authors' code divides them by
+    C_in * sqrt(C_out) and C_out * sqrt(C_in), then by the init std sqrt(1 / fan_in), and takes the
+    norm of the kernel-averaged squares, so the kernel size cancels (docs/method.md).
     """
     weight = layer.module.weight
     w = weight.reshape(weight.shape[0], weight.shape[1], -1)
-    out_g = _soft(partition.old[layer.out_set], weight.shape[0], weight.device)
-    in_g = _soft(partition.old[layer.in_set], weight.shape[1], weight.device)
+    c_out, c_in = w.shape[:2]
+    out_g = _soft(partition.old[layer.out_set], c_out, weight.device)
+    in_g = _soft(partition.old[layer.in_set], c_in, weight.device)
     total = weight.new_zeros(())
     for g, other in ((0, 1), (1, 0)):
-        rows = (w * in_g[other][None, :, None]).pow(2).sum(dim=(1, 2)).add(1e-12).sqrt()
-        cols = (w * out_g[other][:, None, None]).pow(2).sum(dim=(0, 2)).add(1e-12).sqrt()
-        total = total + (out_g[g] * rows).sum() + (in_g[g] * cols).sum()
-    fan_in = weight[0].numel()
-    return total / fan_in
+        cols = torch.linalg.vector_norm(w * out_g[g][:, None, None], dim=(0, 2))
+        rows = torch.linalg.vector_norm(w * in_g[g][None, :, None], dim=(1, 2))
+        total = total + (in_g[other] * cols).sum() / math.sqrt(c_in * c_out) + (out_g[other] * rows).sum() / c_out
+    return total
 
 
 def sparsity_code(model: IncrementalResNet, partition: Partition) -> torch.Tensor:
