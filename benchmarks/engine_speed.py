@@ -353,9 +353,11 @@ def paper_schedule(tasks: int, rho: float, classes: int = CIFAR100_CLASSES, trai
     per_task_classes, per_class = classes // tasks, train_images // classes
     new_images = per_task_classes * per_class
     steps = [StepCost(1, 1, epochs, new_images)]
+    model = create_model("resnet18", per_task_classes, 1.0)
     for t in range(1, tasks):
-        num_old, num_total = t * per_task_classes, (t + 1) * per_task_classes
-        split = make_partition(create_model("resnet18", num_total, 1.0), rho, num_old).is_split
+        num_old = t * per_task_classes
+        model.expand_classes(per_task_classes)  # the head the step trains: C_total outputs
+        split = make_partition(model, rho, num_old).is_split
         exemplars = min(memory, num_old * per_class)
         steps.append(StepCost(t + 1, 3 if split else 1, epochs, new_images + exemplars))
     return steps

@@ -4,8 +4,9 @@ Per phase: a fresh SGD (Nesterov) optimiser, a multi-step schedule whose milesto
 the phase's epochs (60/120/160 of 200 by default), batches drawn by permutation from
 device-resident uint8 images, augmentation on the device, the teacher's forward in the same
 step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autocast and a fused
-optimiser on CUDA, float32 on CPU. Losses are summed on the device and read once per epoch, so an
-epoch has no host synchronisation.
+optimiser on CUDA, float32 on CPU unless ``TrainConfig.precision`` asks for bf16. Losses are summed
+on the device and read once per epoch, so an epoch has no host synchronisation. Measurements:
+docs/performance.md (benchmarks/engine_speed.py).
 
 Under torchrun (see :mod:`sbcli.distributed`) the student is wrapped in DistributedDataParallel:
 every rank draws the same permutation and trains on its slice of each batch, the epoch's loss is

@@ -14,7 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
