@@ -70,10 +70,12 @@ def download(name: str, revision: str) -> Path:
 
 def test_every_step_is_a_branch_and_main_is_the_latest(hub: FakeHub, published: dict) -> None:
     first, second, with_memory = published["reports"]
-    assert first.revisions == ["main", "step-1"] and second.revisions == ["main", "step-2"]
+    assert list(first.revisions) == ["main", "step-1"] and list(second.revisions) == ["main", "step-2"]
+    assert first.revisions["main"] == first.revisions["step-1"]  # a new step's branch starts at main's commit
     api_ = hf.HfApi()
     refs = {b.name: b.target_commit for b in api_.list_repo_refs(REPO).branches}
-    assert refs == {"main": with_memory.commit, "step-1": first.commit, "step-2": refs["step-2"]}
+    assert refs == {"main": with_memory.revisions["main"], "step-1": first.revisions["step-1"],
+                    "step-2": with_memory.revisions["step-2"]}
     assert api_.list_repo_files(REPO, revision="step-2") == [".gitattributes", *LEARNER_FILES]
     assert first.files == LEARNER_FILES
     for revision, classes in (("step-1", 2), ("step-2", 4), ("main", 4)):
@@ -244,6 +246,37 @@ def test_pull_refuses_an_existing_target_and_a_non_learner(hub: FakeHub, tmp_pat
     assert not (tmp_path / "nl").exists()
 
 
+def test_pushing_an_earlier_step_again_leaves_main_alone(hub: FakeHub, published: dict) -> None:
+    report = api.push(published["step1"], REPO, with_memory=True)
+    assert list(report.revisions) == ["step-1"]
+    assert len(json.loads(download("learner.json", "main").read_text())["class_names"]) == 4
+    assert len(load_file(str(download("memory.safetensors", "step-1")))["labels"]) == 8
+
+
+def relabelled(learner: Path, tmp_path: Path, names: list[str]) -> Path:
+    """A copy of ``learner`` whose learner.json claims other classes (enough for the checks made before export)."""
+    copy_dir = tmp_path / "other"
+    shutil.copytree(learner, copy_dir)
+    state = json.loads((copy_dir / "learner.json").read_text())
+    state["class_names"] = names
+    state["class_task"] = [i // 2 for i in range(len(names))]
+    state["history"] = [state["history"][0]] * ((len(names) + 1) // 2)
+    (copy_dir / "learner.json").write_text(json.dumps(state))
+    return copy_dir
+
+
+@pytest.mark.parametrize(("names", "problem"), [
+    (["red", "green", "purple", "cyan"], "@step-2 holds another learner"),
+    (["red", "green", "purple", "cyan", "white", "black"], "holds another sequence on main"),
+])
+def test_another_sequence_never_overwrites_a_step(hub: FakeHub, published: dict, tmp_path: Path,
+                                                 names: list[str], problem: str) -> None:
+    before = {b.name: b.target_commit for b in hf.HfApi().list_repo_refs(REPO).branches}
+    with pytest.raises(ExportError, match=problem):
+        api.push(relabelled(published["step2"], tmp_path, names), REPO)
+    assert {b.name: b.target_commit for b in hf.HfApi().list_repo_refs(REPO).branches} == before
+
+
 def test_push_refusals(fake_hub: FakeHub, published: dict) -> None:
     with pytest.raises(ConfigError, match="not a Hub repository id"):
         api.push(published["step1"], "no-owner")
@@ -255,7 +288,7 @@ def test_cli_export_to_hub_then_pull(fake_hub: FakeHub, published: dict, tmp_pat
     runner = CliRunner()
     res = runner.invoke(app, ["export", str(published["step1"]), "--to-hub", "tester/cli-model"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
-    assert "revisions main and step-1" in res.stdout and "argmax agreement 100.0 %" in res.stdout
+    assert "revisions main (" in res.stdout and "and step-1 (" in res.stdout and "argmax agreement 100.0 %" in res.stdout
     res = runner.invoke(app, ["pull", "tester/cli-model@step-1", "-o", str(tmp_path / "pulled")])
     assert res.exit_code == 0, res.output
     assert res.stdout.strip() == str(tmp_path / "pulled")

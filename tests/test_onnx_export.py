@@ -17,7 +17,7 @@ from sbcli import api, inference
 from sbcli.cli.app import app
 from sbcli.data.sources import load_folder
 from sbcli.engine import Engine, TrainConfig
-from sbcli.errors import ConfigError, ExportError, SbcliError
+from sbcli.errors import ConfigError, ExportError
 from sbcli.export import onnx as onnx_export
 from sbcli.learner import Learner, LearnerState
 from sbcli.memory import ExemplarMemory
@@ -91,10 +91,14 @@ def default_rule(method: str) -> str:
     return build_config(method, {}).inference
 
 
+# Rules in the weights (the network itself scores) plus every rule with a registered scoring module.
+KNOWN_RULES = sorted({"none", "wa", *inference.SCORING_MODULES})
+
+
 def accepted_rules(method: str) -> list[str]:
-    """The registered inference rules that ``method``'s Config accepts."""
+    """The known inference rules that ``method``'s Config accepts."""
     rules = []
-    for rule in inference.RULES.names():
+    for rule in KNOWN_RULES:
         try:
             build_config(method, {"inference": rule})
         except ConfigError:
@@ -210,9 +214,10 @@ def test_normalisation_is_inside_the_graph(exported) -> None:
     np.testing.assert_allclose(run_onnx(path, x), raw, atol=1e-4, rtol=0)
 
 
-def test_unknown_inference_rule_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(onnx_export, "inference_rule", lambda _: "crystal-ball")
-    with pytest.raises(SbcliError, match="crystal-ball"):
+def test_rule_computed_outside_the_network_is_refused_with_a_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(inference.SCORERS, "outside", lambda model, extra, engine, images: engine.logits(model, images))
+    monkeypatch.setattr(onnx_export, "inference_rule", lambda _: "outside")
+    with pytest.raises(ExportError, match="'outside' is computed outside the network"):
         onnx_export.export_onnx(make_learner("std"), tmp_path / "x.onnx")
     assert list(tmp_path.iterdir()) == []
 

@@ -70,5 +70,7 @@ def export(
                          f"{r['image_size']}, {r['image_size']}] in [0, 1], inference {r['inference']}")
     if "hub" in result:
         h = result["hub"]
-        render.OUT.print(f"Pushed {', '.join(h['files'])} to {h['url']} (commit {h['commit'][:10]}); "
-                         f"revisions {' and '.join(h['revisions'])}")
+        revisions = " and ".join(f"{name} ({commit[:10]})" for name, commit in h["revisions"].items())
+        render.OUT.print(f"Pushed {', '.join(h['files'])} to {h['url']}: revisions {revisions}")
+        if "main" not in h["revisions"]:
+            render.OUT.print("main was left as it is: it holds a later step of this sequence.")

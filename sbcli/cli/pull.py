@@ -23,16 +23,18 @@ EPILOG = """Examples:
 
 
 def zoo_table(entries: list[dict]):
+    """One row per entry (the descriptions are in ``--json``)."""
     from sbcli.cli import render
 
-    table = render.Table(title="The sbcli zoo")
-    for col in ("name", "where", "dataset", "method", "network", "classes/tasks", "last acc. %", "description"):
-        table.add_column(col, justify="right" if col == "last acc. %" else "left")
+    table = render.Table(title="The sbcli zoo (`sb pull --list --json` for descriptions, hashes and metrics)")
+    for col in ("name", "where", "dataset", "method", "network", "classes", "last acc. %"):
+        table.add_column(col, justify="right" if col in ("classes", "last acc. %") else "left",
+                         overflow="fold" if col in ("name", "where") else "ellipsis")
     for e in entries:
         where = e["location"] + (f"@{e['revision']}" if e["revision"] else "")
-        last = e["metrics"].get("last")
-        table.add_row(e["name"], where, e["dataset"], f"{e['method']} ({e['inference']})", e["network"],
-                      f"{e['classes']} in {len(e['tasks'])}", render.fmt(last), e["description"])
+        dataset = e["dataset"].split(":")[0].split(" (")[0]
+        table.add_row(e["name"], where, dataset, f"{e['method']} ({e['inference']})", e["network"],
+                      f"{e['classes']} in {len(e['tasks'])} tasks", render.fmt(e["metrics"].get("last")))
     return table
 
 

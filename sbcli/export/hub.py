@@ -1,9 +1,13 @@
 """The Hugging Face Hub: push a learner (one revision per task step) and fetch a repository.
 
-Push: the learner's files (the exemplar memory only when asked, since it holds training images),
-its ONNX export and a model card go up in one commit to ``main``; the branch ``step-N`` (N = the
-learner's steps) is created at that commit, or updated with the same files if it exists. So
-pushing after every ``sb add-task`` keeps every step addressable as ``@step-1``, ``@step-2``, ...
+Push: the learner's files (the exemplar memory only when asked, since it holds training images;
+otherwise an empty one), its ONNX export and a model card go up in one commit to ``main``; the
+branch ``step-N`` (N = the learner's steps) is created at that commit, or updated with the same
+files if it exists. So pushing after every ``sb add-task`` keeps every step addressable as
+``@step-1``, ``@step-2``, ... Every push writes the same five files, so nothing stale remains and
+other files of the repository are left alone. A push never overwrites another sequence: a
+``step-N`` branch or a ``main`` holding other classes is refused, and pushing an earlier step of
+the same sequence again refreshes its branch without moving ``main`` back.
 
 Fetch: ``snapshot_download`` into the huggingface_hub cache (``HF_HOME``, ``HF_ENDPOINT`` and
 ``HF_HUB_OFFLINE`` are honoured), after the file list was checked for names that would escape
@@ -171,15 +175,14 @@ class PushReport:
 
     repo_id: str
     url: str
-    commit: str
-    revisions: list[str]
+    revisions: dict[str, str]  # revision (main, step-N) -> the commit it now points at
     files: list[str]
     with_memory: bool
     onnx: Any  # sbcli.export.onnx.OnnxReport
 
     def to_json(self) -> dict[str, Any]:
-        return {"repo_id": self.repo_id, "url": self.url, "commit": self.commit, "revisions": self.revisions,
-                "files": self.files, "with_memory": self.with_memory, "onnx": self.onnx.to_json()}
+        return {"repo_id": self.repo_id, "url": self.url, "revisions": self.revisions, "files": self.files,
+                "with_memory": self.with_memory, "onnx": self.onnx.to_json()}
 
 
 def stage(learner_dir: Path, work: Path, repo_id: str, with_memory: bool, onnx_cfg: Any) -> tuple[Path, list[str], Any]:
@@ -208,44 +211,81 @@ def stage(learner_dir: Path, work: Path, repo_id: str, with_memory: bool, onnx_c
 
 def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,
          cfg: HubConfig = HubConfig(), onnx_cfg: Any = None) -> PushReport:
-    """Upload a learner to ``repo_id``: ``main`` and the branch ``step-N`` end up holding it.
+    """Upload a learner to ``repo_id``: the branch ``step-N`` and, unless it holds a later step of
+    the same sequence, ``main`` end up holding it.
 
     Raises:
         ConfigError: ``repo_id`` is not OWNER/NAME.
         LearnerError: ``learner_dir`` is not a learner.
-        ExportError: the ONNX check failed, or the Hub refused or did not answer.
+        ExportError: the repository holds another learner (``step-N`` or ``main`` with other
+            classes), the ONNX check failed, or the Hub refused or did not answer.
     """
     from sbcli.export.onnx import OnnxConfig
+    from sbcli.learner import read_state
 
     check_repo_id(repo_id)
     if is_offline(cfg):
         raise ExportError(f"Cannot push {repo_id}: HF_HUB_OFFLINE is set; unset it to reach the Hub.")
+    state = read_state(Path(learner_dir))
+    branch, message = f"step-{state.steps}", f"sbcli: learner after step {state.steps}"
+    api = client(cfg)
+    with hub_errors("push to", repo_id, cfg, api=api):
+        url = str(api.create_repo(repo_id, private=private, exist_ok=True))
+        to_main = _check_lineage(repo_id, state.class_names, branch, cfg)
     with tempfile.TemporaryDirectory(prefix="sbcli-push-") as tmp:
         folder, files, onnx_report = stage(Path(learner_dir), Path(tmp), repo_id, with_memory, onnx_cfg or OnnxConfig())
-        steps = _steps(folder)
-        api = client(cfg)
+        revisions: dict[str, str] = {}
         with hub_errors("push to", repo_id, cfg, api=api):
-            url = str(api.create_repo(repo_id, private=private, exist_ok=True))
-            message = f"sbcli: learner after step {steps}"
-            commit = api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=message, delete_patterns="*")
-            branch = f"step-{steps}"
-            _update_branch(api, repo_id, branch, commit=commit.oid, folder=folder, message=message)
-    return PushReport(repo_id, url, commit.oid, ["main", branch], files, with_memory, onnx_report)
+            if to_main:
+                revisions["main"] = api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=message).oid
+            revisions[branch] = _update_branch(api, repo_id, branch, commit=revisions.get("main"), folder=folder,
+                                               message=message)
+    return PushReport(repo_id, url, revisions, files, with_memory, onnx_report)
 
 
-def _steps(folder: Path) -> int:
-    from sbcli.learner import read_state
+def _remote_classes(repo_id: str, revision: str, cfg: HubConfig) -> list[str] | None:
+    """The class names of the learner at ``revision``; None when the revision or its learner.json is absent."""
+    import json
 
-    return read_state(folder).steps
+    errors = hub().errors
+    try:
+        path = hub().hf_hub_download(repo_id, "learner.json", revision=revision, endpoint=cfg.endpoint,
+                                     token=cfg.token, etag_timeout=cfg.timeout)
+    except (errors.EntryNotFoundError, errors.RevisionNotFoundError):
+        return None
+    return list(json.loads(Path(path).read_text(encoding="utf-8")).get("class_names", []))
 
 
-def _update_branch(api: Any, repo_id: str, branch: str, *, commit: str, folder: Path, message: str) -> None:
-    """Create ``branch`` at ``commit``, or commit the same files to it when it already exists."""
+def _check_lineage(repo_id: str, ours: list[str], branch: str, cfg: HubConfig) -> bool:
+    """Refuse to overwrite another sequence's step; True when ``main`` should move to this learner.
+
+    ``main`` moves unless it holds a later step of the same sequence (our classes are a strict
+    prefix of its classes), so pushing an earlier step again only refreshes its own branch.
+    """
+    on_step = _remote_classes(repo_id, branch, cfg)
+    if on_step is not None and on_step != ours:
+        raise ExportError(f"{repo_id}@{branch} holds another learner after that step ({', '.join(on_step[-3:])}, ...); "
+                          "push this one to another repository so that both sequences stay addressable.")
+    on_main = _remote_classes(repo_id, "main", cfg)
+    if on_main is None or on_main == ours[: len(on_main)]:
+        return True
+    if ours == on_main[: len(ours)]:
+        return False
+    raise ExportError(f"{repo_id} holds another sequence on main (classes {', '.join(on_main[:3])}, ...); push this "
+                      "learner to another repository.")
+
+
+def _update_branch(api: Any, repo_id: str, branch: str, *, commit: str | None, folder: Path, message: str) -> str:
+    """Point ``branch`` at ``commit`` (when it is new and there is one), else commit ``folder`` to it.
+
+    Returns the commit the branch now points at.
+    """
     existing = {b.name for b in api.list_repo_refs(repo_id).branches}
     if branch not in existing:
         api.create_branch(repo_id, branch=branch, revision=commit)
-        return
-    api.upload_folder(repo_id=repo_id, folder_path=folder, revision=branch, commit_message=message, delete_patterns="*")
+        if commit is not None:
+            return commit
+    return api.upload_folder(repo_id=repo_id, folder_path=folder, revision=branch, commit_message=message).oid
 
 
 # ---------------------------------------------------------------------------------------------
