@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sbcli.engine import Phase
+from sbcli.errors import ConfigError
 from sbcli.methods.base import TaskContext, TaskResult, register_method
 from sbcli.methods.common import ce, learn_first_task
 
@@ -13,6 +14,10 @@ from sbcli.methods.common import ce, learn_first_task
 class Config:
     inference: str = "none"  # the plain head
     first_task_rules: bool = True  # authors' code: zero head bias, clip negative head weights in step 1
+
+    def __post_init__(self) -> None:
+        if self.inference != "none":
+            raise ConfigError("finetune uses the plain head; drop --inference or use --method std for wa/bic/icarl.")
 
 
 @register_method("finetune", Config, "CE on new data plus exemplars (lower bound)")
