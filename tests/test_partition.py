@@ -45,6 +45,15 @@ def paper_steps() -> list[tuple[str, int, int, str, int, int]]:
     return cases
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """One intra-op thread: on a busy 2-core machine two OpenMP threads run these nets 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def full_resnet18() -> IncrementalResNet:
     """The full-width ResNet-18 of the paper (its head is swapped per case: only its size matters)."""

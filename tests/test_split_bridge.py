@@ -334,6 +334,7 @@ RUN = ["--width", "0.25", "--image-size", "16", "--epochs", "8", "--phase-epochs
 
 def test_sb_train_then_add_task_on_real_images(cifar10_subset, tmp_path):
     runner = CliRunner()
+    torch.manual_seed(0)  # api.train builds the first network before it seeds torch: fix it here
     first_train, first_test = cifar10_subset(["airplane", "deer", "horse", "truck"], 200, 100)
     more_train, more_test = cifar10_subset(["frog", "ship"], 200, 100)
     learner = tmp_path / "learner"
@@ -347,7 +348,7 @@ def test_sb_train_then_add_task_on_real_images(cifar10_subset, tmp_path):
     result = json.loads(res.stdout)
     history = result["history"]
     assert [h["num_classes"] for h in history] == [2, 4, 6]
-    for h in history:  # well above chance (50 %, 25 %, 16.7 %) after every step; measured: 80, 60, 36
+    for h in history:  # well above chance (50 %, 25 %, 16.7 %) after every step; measured: 79, 44, 33
         chance = 100.0 / h["num_classes"]
         assert h["metrics"]["overall"] > chance + 10, h["metrics"]
     for h, bf in ((history[1], 0.5), (history[2], 4 / 6)):  # rho 1: bf = C_old / C_total, from the learner's classes
