@@ -125,7 +125,21 @@ def with_image_size(spec: dict, image_size: int | None) -> dict:
 
 def open_sized(spec: dict, train: bool = True, test: bool = True) -> Opened:
     """``open_spec``, then a benchmark's images resized to the spec's ``image_size`` when it has one."""
-    opened = open_spec(spec, train=train, test=test)
+    return resize_opened(open_spec(spec, train=train, test=test), spec)
+
+
+def _only_classes(opened: Opened, classes: list[int]) -> Opened:
+    """The images of the dataset classes ``classes`` alone (labels and class names unchanged)."""
+    if len(classes) == len(opened.train.class_names):
+        return opened
+    keep = torch.tensor(classes)
+    parts = {name: None if part is None else part.subset(torch.isin(part.labels, keep))
+             for name, part in (("train", opened.train), ("test", opened.test))}
+    return dataclasses.replace(opened, **parts)
+
+
+def resize_opened(opened: Opened, spec: dict) -> Opened:
+    """A benchmark's images resized to the spec's ``image_size`` when it has one."""
     size = spec.get("image_size")
     if spec["kind"] == "folder" or size is None:
         return opened
@@ -162,9 +176,10 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     _check_out(out, resume)
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
-    opened = open_sized(spec)
+    opened = open_spec(spec)
     names = opened.train.class_names
     scenario = sequence_scenario(seq, len(names))
+    opened = resize_opened(_only_classes(opened, scenario.order), spec)
     plan = {"source": spec, "scenario": scenario.to_json()}
     if resume:
         learner = Learner.load(out, device)
@@ -235,13 +250,18 @@ def load_test_sets(learner: Learner) -> ImageSet:
 
 
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
-             epochs: int | None = None, on_progress: ProgressFn | None = None) -> StepSummary:
+             epochs: int | None = None, method: str | None = None,
+             on_progress: ProgressFn | None = None) -> StepSummary:
     """Learn the classes of ``folder`` (class-per-folder) as a new task of the learner at ``learner_dir``.
 
     Everything is checked before training; the learner on disk changes only when the step is done.
+    ``method``, when given, must be the learner's own: a learner keeps the method it started with.
     """
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev)
+    if method is not None and method != learner.state.method:
+        raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {method}; "
+                          f"drop --method or start a new learner with `sb train --method {method}`.")
     spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=learner.state.image_size,
                         data_root=None, download=False)
     if spec["kind"] != "folder":

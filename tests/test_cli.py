@@ -150,3 +150,10 @@ def test_method_options_that_do_not_apply_are_refused(color_data, tmp_path):
     assert_error(invoke("train", color_data["task1_train"], "--method", "std", "--rho", "1.2", "--out", tmp_path / "o", *SMALL),
                  "--rho", "std")
     assert_error(invoke("train", color_data["task1_train"], "--method", "sbb", "--out", tmp_path / "o", *SMALL), "Did you mean 'sb'")
+
+
+def test_add_task_refuses_another_method(trained, color_data):
+    before = snapshot(trained)
+    assert_error(invoke("add-task", trained, color_data["task2_train"], "--method", "sb", "--device", "cpu"),
+                 "--method std", "not sb")
+    assert snapshot(trained) == before

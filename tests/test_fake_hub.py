@@ -19,7 +19,7 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-pytest_plugins = ["conftest_hub"]  # fake_hub, hf_offline, no_internet
+# fixtures fake_hub, hf_offline, no_internet come from conftest.py (imported from conftest_hub)
 REPO = "tester/cil-model"
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
@@ -21,6 +21,7 @@ def add_task(
     learner: LearnerArg,
     folder: Annotated[Path, typer.Argument(help="Class-per-folder training images of the new classes.", show_default=False)],
     test: TestOpt = None,
+    method: Annotated[Optional[str], typer.Option("--method", help="Check that the learner uses this method (a learner keeps the method it was started with).", show_default=False)] = None,
     epochs: EpochsOpt = None,
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
@@ -31,9 +32,14 @@ def add_task(
     from sbcli.learner import read_state
 
     render.ERR.print(f"Adding the classes of {folder} to {learner}", highlight=False)
-    step = api.add_task(learner, folder, test, device=device, epochs=epochs, on_progress=render.ProgressPrinter(5))
+    step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method,
+                        on_progress=render.ProgressPrinter(5))
+    render.step_line(step)
     history = read_state(learner).history
     if json_out:
         render.print_json({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(), "history": history})
         return
     render.OUT.print(render.history_table(history))
+    ablation = render.ablation_table(history)
+    if ablation is not None:
+        render.OUT.print(ablation)
