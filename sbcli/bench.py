@@ -44,6 +44,7 @@ for _row in (BenchMethod("finetune", "Fine-tuning", "finetune"),
              BenchMethod("std-icarl", "STD + iCaRL", "std", {"inference": "icarl"}),
              BenchMethod("std-bic", "STD + BiC", "std", {"inference": "bic"}),
              BenchMethod("std-wa", "STD + WA", "std", {"inference": "wa"}),
+             BenchMethod("std", "STD (KD + CE, plain head)", "std", {"inference": "none"}),  # Table 2's "KD + CE"
              BenchMethod("dd-wa", "DD + WA", "dd", {"inference": "wa"}),
              BenchMethod("sb-wa", "S&B + WA", "sb", {"inference": "wa"}),
              BenchMethod("joint", "Oracle (joint)", "joint")):
@@ -265,6 +266,10 @@ def paper_numbers(kind: str, methods: tuple[str, ...], task_counts: tuple[int, .
     return {m: {str(t): table[m][index[t]] for t in task_counts if t in index} for m in methods if m in table}
 
 
+def _epochs(count: int) -> str:
+    return f"{count} epoch" + ("" if count == 1 else "s")
+
+
 def _fmt(value: float | None) -> str:
     return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.2f}"
 
@@ -283,7 +288,7 @@ def table_markdown(table: dict) -> str:
     b = table["budget"]
     run, seq = b["run"], b["sequence"]
     lines = [f"# Average incremental accuracy (top-1 %) on {seq['source'] or 'demo'}", "",
-             f"Budget: {run['arch']} width {run['width']}, {run['train']['epochs']} epochs a phase, batch "
+             f"Budget: {run['arch']} width {run['width']}, {_epochs(run['train']['epochs'])} a phase, batch "
              f"{run['train']['batch_size']}, lr {run['train']['lr']}, memory {run['memory']} ({run['selection']}), "
              f"classes {seq['classes'] or 'all'}, image size {seq['image_size'] or 'native'}, seed {run['seed']}, "
              f"class order seed {seq['order_seed']}.", "",

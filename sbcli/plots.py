@@ -45,7 +45,7 @@ def _subtitle(table: dict) -> str:
     run, seq = table["budget"]["run"], table["budget"]["sequence"]
     classes = seq.get("classes") or "all"
     return (f"{table['dataset']}, {classes} classes · {run['arch']} ×{run['width']} · "
-            f"{run['train']['epochs']} epochs/phase · memory {run['memory']}")
+            f"{run['train']['epochs']} epoch{'' if run['train']['epochs'] == 1 else 's'}/phase · memory {run['memory']}")
 
 
 def _panels(plt, count: int, width: float, height: float):

@@ -137,3 +137,10 @@ def test_cli_bench_prints_the_table(colors, tmp_path):
     assert not (out / "accuracy_per_step.png").exists()
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0 and "skipped 1 finished" in again.output
+
+
+def test_cli_default_rows_are_the_papers_seven():
+    from sbcli.cli.bench import PAPER_ROWS
+
+    assert PAPER_ROWS.split(",") == list(bench.PAPER_ORDER)
+    assert [bench.BENCH_METHODS.get(m).label for m in bench.PAPER_ORDER][-2:] == ["S&B + WA", "Oracle (joint)"]
