@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sbcli.jsonutil import strict
 from sbcli.errors import ConfigError
 from sbcli.registry import Registry
 
@@ -313,7 +314,7 @@ def write_outputs(table: dict, out: Path, plots: bool) -> tuple[list[Path], list
     out = Path(out)
     files = [out / "table.md", out / "table.json"]
     files[0].write_text(table_markdown(table), encoding="utf-8")
-    files[1].write_text(json.dumps(_strict(table), indent=2) + "\n", encoding="utf-8")
+    files[1].write_text(json.dumps(strict(table), indent=2) + "\n", encoding="utf-8")
     notes = []
     if plots and not figures.available():
         notes.append('Figures skipped: matplotlib is not installed (pip install "sbcli[plots]").')
@@ -321,14 +322,3 @@ def write_outputs(table: dict, out: Path, plots: bool) -> tuple[list[Path], list
         files.append(figures.accuracy_per_step(table, out / "accuracy_per_step.png"))
         files.append(figures.intra_old_new(table, out / "intra_old_new.png"))
     return files, notes
-
-
-def _strict(value: Any) -> Any:
-    """JSON without NaN: a missing value is null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value

@@ -28,3 +28,10 @@ def test_old_new_and_intra_accuracies():
     assert (m.overall, m.old, m.new) == (50.0, 50.0, 50.0)
     assert (m.intra_old, m.intra_new) == (100.0, 100.0)
     assert m.per_task == [50.0, 50.0]
+
+
+def test_strict_json_turns_missing_values_into_null():
+    from sbcli.jsonutil import strict
+
+    data = {"a": [1.0, float("nan"), float("inf")], "b": "x", "c": (2, {"d": float("-inf")})}
+    assert strict(data) == {"a": [1.0, None, None], "b": "x", "c": [2, {"d": None}]}

@@ -9,6 +9,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from sbcli.jsonutil import strict
+
 ERR = Console(stderr=True)
 OUT = Console(highlight=False)
 
@@ -80,14 +82,4 @@ def summary_table(summary: dict) -> Table:
 
 def print_json(data: Any) -> None:
     """Strict JSON on stdout: NaN (no value, e.g. intra-old at step 1) becomes null."""
-    OUT.out(json.dumps(_strict(data), indent=2), highlight=False)
-
-
-def _strict(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _strict(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict(v) for v in value]
-    return value
+    OUT.out(json.dumps(strict(data), indent=2), highlight=False)
