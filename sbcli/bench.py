@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from sbcli.jsonutil import strict
 from sbcli.errors import ConfigError
+from sbcli.jsonutil import strict
 from sbcli.registry import Registry
 
 

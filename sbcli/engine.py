@@ -169,8 +169,8 @@ class Engine:
             student.train()
             epoch_start = time.perf_counter()
             total, count = torch.zeros((), device=self.device), 0
-            for idx in data.batch_indices(self.cfg.batch_size, self.generator):
-                idx = distributed.shard(idx, self.dist)
+            for batch in data.batch_indices(self.cfg.batch_size, self.generator):
+                idx = distributed.shard(batch, self.dist)
                 total += self._step(student, teacher, model, data, idx, phase, opt).detach()
                 count += 1
             sched.step()

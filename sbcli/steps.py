@@ -15,11 +15,11 @@ import torch
 from sbcli.data.device import DeviceData
 from sbcli.data.imageset import ImageSet
 from sbcli.engine import Engine
+from sbcli.inference import refresh_state, scores
 from sbcli.learner import Learner
 from sbcli.methods import METHODS, TaskContext, config_from_json
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
-from sbcli.inference import refresh_state, scores
 
 
 @dataclass(frozen=True)

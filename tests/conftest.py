@@ -7,9 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from conftest_hub import fake_hub, hf_offline, no_internet, no_retry_wait  # noqa: F401  (fixtures)
+from PIL import Image
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 

@@ -150,7 +150,7 @@ def test_torchrun_train_writes_a_learner_that_continues_in_one_process(color_dat
            "--out", str(out), "--method", "sb", "--tasks", "2", "--epochs", "1", "--width", "0.125",
            "--batch-size", "16", "--memory", "8", "--image-size", "16", "--device", "cpu"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=170, env=env)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=170, env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stderr.count("step 2 done") == 1, done.stderr[-3000:]  # rank 0 alone prints
     assert done.stdout.count("Summary") == 1

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest_data import cifar10_subset, cifar10_zip  # noqa: F401  (fixtures)
 from rich.console import Console
 from typer.testing import CliRunner
 
-from conftest_data import cifar10_subset, cifar10_zip  # noqa: F401  (fixtures)
 from sbcli.cli import render, runs
 from sbcli.cli import train as train_cmd
 from sbcli.cli.app import app

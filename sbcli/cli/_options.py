@@ -15,3 +15,14 @@ SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed of weights,
 EpochsOpt = Annotated[Optional[int], typer.Option("--epochs", help="Epochs of every phase (paper: 200).", rich_help_panel=OPT, show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.", rich_help_panel=OUT)]
 TestOpt = Annotated[Optional[Path], typer.Option("--test", help="Class-per-folder test images of the same classes.", rich_help_panel=DATA, show_default=False)]
+
+# Options shared by `sb train` and `sb bench` (one definition, one help text).
+DataRootOpt = Annotated[Optional[str], typer.Option("--data-root", help="Where cifar10/cifar100 live (torchvision layout) or the Tiny-ImageNet dir/zip.", rich_help_panel=DATA, show_default=False)]
+DownloadOpt = Annotated[bool, typer.Option("--download", help="Let torchvision download CIFAR into --data-root.", rich_help_panel=DATA)]
+OrderSeedOpt = Annotated[Optional[int], typer.Option("--order-seed", help="Class order seed: 0 (default) as in the S&B code, 1993 as in iCaRL/PyCIL, -1 keeps the dataset's order.", rich_help_panel=DATA, show_default=False)]
+ArchOpt = Annotated[Optional[str], typer.Option("--arch", help="resnet18 (default) or resnet32.", rich_help_panel=OPT, show_default=False)]
+WidthOpt = Annotated[Optional[float], typer.Option("--width", help="Width multiplier (paper 1.0; 0.25 for small runs).", rich_help_panel=OPT, show_default=False)]
+BatchSizeOpt = Annotated[Optional[int], typer.Option("--batch-size", help="Batch size (paper: 256).", rich_help_panel=OPT, show_default=False)]
+LrOpt = Annotated[Optional[float], typer.Option("--lr", help="Initial learning rate (default 0.1).", rich_help_panel=OPT, show_default=False)]
+MemoryOpt = Annotated[Optional[int], typer.Option("--memory", help="Exemplar budget over all classes (paper: 2000).", rich_help_panel=OPT, show_default=False)]
+SelectionOpt = Annotated[Optional[str], typer.Option("--selection", help="Exemplar choice: random (default), herding or first.", rich_help_panel=OPT, show_default=False)]

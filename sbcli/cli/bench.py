@@ -8,7 +8,24 @@ from typing import Annotated, Any, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import DATA, METHOD, OPT, OUT, DeviceOpt, EpochsOpt, JsonOpt, SeedOpt
+from sbcli.cli._options import (
+    DATA,
+    METHOD,
+    OUT,
+    ArchOpt,
+    BatchSizeOpt,
+    DataRootOpt,
+    DeviceOpt,
+    DownloadOpt,
+    EpochsOpt,
+    JsonOpt,
+    LrOpt,
+    MemoryOpt,
+    OrderSeedOpt,
+    SeedOpt,
+    SelectionOpt,
+    WidthOpt,
+)
 
 EPILOG = """Examples:
 
@@ -67,17 +84,17 @@ def bench(
     classes: Annotated[Optional[int], typer.Option("--classes", help="Keep only the first N classes of the class order (a smaller benchmark).", rich_help_panel=DATA, show_default=False)] = None,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Training resolution (benchmarks are resized from their own).", rich_help_panel=DATA, show_default=False)] = None,
     test: Annotated[Optional[Path], typer.Option("--test", help="Class-per-folder test images, for a folder source.", rich_help_panel=DATA, show_default=False)] = None,
-    data_root: Annotated[Optional[str], typer.Option("--data-root", help="Where cifar100 lives, or the Tiny-ImageNet dir/zip.", rich_help_panel=DATA, show_default=False)] = None,
-    download: Annotated[bool, typer.Option("--download", help="Let torchvision download CIFAR into --data-root.", rich_help_panel=DATA)] = False,
-    order_seed: Annotated[Optional[int], typer.Option("--order-seed", help="Class order seed: 0 (default, S&B code), 1993 (iCaRL), -1 the dataset's order.", rich_help_panel=DATA, show_default=False)] = None,
+    data_root: DataRootOpt = None,
+    download: DownloadOpt = False,
+    order_seed: OrderSeedOpt = None,
     rho: Annotated[Optional[float], typer.Option("--rho", help="S&B's rho for every column (default: the paper's value per task count).", rich_help_panel=METHOD, show_default=False)] = None,
-    arch: Annotated[Optional[str], typer.Option("--arch", help="resnet18 (default) or resnet32.", rich_help_panel=OPT, show_default=False)] = None,
-    width: Annotated[Optional[float], typer.Option("--width", help="Width multiplier (paper 1.0).", rich_help_panel=OPT, show_default=False)] = None,
+    arch: ArchOpt = None,
+    width: WidthOpt = None,
     epochs: EpochsOpt = None,
-    batch_size: Annotated[Optional[int], typer.Option("--batch-size", help="Batch size (paper: 256).", rich_help_panel=OPT, show_default=False)] = None,
-    lr: Annotated[Optional[float], typer.Option("--lr", help="Initial learning rate (default 0.1).", rich_help_panel=OPT, show_default=False)] = None,
-    memory: Annotated[Optional[int], typer.Option("--memory", help="Exemplar budget (paper: 2000).", rich_help_panel=OPT, show_default=False)] = None,
-    selection: Annotated[Optional[str], typer.Option("--selection", help="Exemplar choice: random (default), herding or first.", rich_help_panel=OPT, show_default=False)] = None,
+    batch_size: BatchSizeOpt = None,
+    lr: LrOpt = None,
+    memory: MemoryOpt = None,
+    selection: SelectionOpt = None,
     seed: SeedOpt = None,
     device: DeviceOpt = "auto",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNG figures (needs matplotlib).", rich_help_panel=OUT)] = True,

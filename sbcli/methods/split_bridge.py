@@ -20,8 +20,17 @@ from sbcli.errors import ConfigError
 from sbcli.losses import kd_ce_loss, kd_loss, localized_ce
 from sbcli.methods.base import TaskContext, TaskResult, register_method
 from sbcli.methods.common import learn_first_task, weight_align, zero_head_bias
-from sbcli.nets.partition import (Partition, bridge, cross_norm, disconnect, enforce_masks, make_partition,
-                                  reset_split_batchnorms, sparsity_code, sparsity_paper)
+from sbcli.nets.partition import (
+    Partition,
+    bridge,
+    cross_norm,
+    disconnect,
+    enforce_masks,
+    make_partition,
+    reset_split_batchnorms,
+    sparsity_code,
+    sparsity_paper,
+)
 from sbcli.nets.resnet import IncrementalResNet
 
 Penalty = Callable[[IncrementalResNet, Partition], torch.Tensor]

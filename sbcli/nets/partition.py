@@ -93,7 +93,8 @@ def cross_mask(layer: PartitionedLayer, partition: Partition) -> torch.Tensor:
 @torch.no_grad()
 def cross_norm(model: IncrementalResNet, partition: Partition) -> float:
     """The L2 norm of all cross weights together (recorded before disconnect)."""
-    total = sum(float((l.module.weight * cross_mask(l, partition)).pow(2).sum()) for l in model.partitioned_layers())
+    layers = model.partitioned_layers()
+    total = sum(float((layer.module.weight * cross_mask(layer, partition)).pow(2).sum()) for layer in layers)
     return math.sqrt(total)
 
 
