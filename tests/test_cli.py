@@ -157,3 +157,15 @@ def test_add_task_refuses_another_method(trained, color_data):
     assert_error(invoke("add-task", trained, color_data["task2_train"], "--method", "sb", "--device", "cpu"),
                  "--method std", "not sb")
     assert snapshot(trained) == before
+
+
+def test_classes_keeps_the_first_classes_of_the_order(color_data, tmp_path):
+    data = tmp_path / "four"
+    shutil.copytree(color_data["task1_train"], data)
+    shutil.copytree(color_data["task2_train"], data, dirs_exist_ok=True)
+    out = tmp_path / "two"
+    res = invoke("train", data, "--classes", "2", "--tasks", "2", "--out", out, "--method", "finetune", *SMALL)
+    assert res.exit_code == 0, res.output
+    state = json.loads((out / "learner.json").read_text())
+    assert len(state["class_names"]) == 2 and state["class_task"] == [0, 1]
+    assert_error(invoke("train", data, "--classes", "9", "--out", tmp_path / "o", *SMALL), "--classes 9")

@@ -15,7 +15,7 @@ METHOD_KEYS = ("inference", "rho", "sparsity", "gamma", "bn_reset")
 # What a recipe may set: the `sb train` options that describe an experiment (plus the class order
 # as a list). Output, device and run-control flags stay on the command line.
 RECIPE_KEYS = frozenset({
-    "source", "test", "data_root", "image_size", "tasks", "base", "increment", "order_seed", "class_order",
+    "source", "test", "data_root", "image_size", "tasks", "base", "increment", "classes", "order_seed", "class_order",
     "method", *METHOD_KEYS, "phase_epochs", "arch", "width", "epochs", "batch_size", "lr", "memory", "selection",
     "seed", "recipe_path",
 })
@@ -59,7 +59,8 @@ def build_options(given: dict, defaults: dict):
     seq = SequenceOptions(source=o["source"], test=_str(o.get("test")), data_root=o.get("data_root"),
                           download=o.get("download", False), image_size=o.get("image_size"),
                           tasks=None if o.get("base") else o.get("tasks"), base=o.get("base"),
-                          increment=o.get("increment"), order_seed=order_seed, class_order=o.get("class_order"))
+                          increment=o.get("increment"), order_seed=order_seed, class_order=o.get("class_order"),
+                          classes=o.get("classes"))
     train = TrainConfig(epochs=o["epochs"], batch_size=o["batch_size"], lr=o["lr"], compile=o.get("compile", False),
                         precision=o.get("precision", "auto"))
     run = RunOptions(method=o["method"], method_options=method_options, arch=o["arch"], width=o["width"], train=train,
