@@ -5,12 +5,9 @@ This is the task loop the design gives the engine's side: methods only say their
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-
-import torch
 
 from sbcli.data.device import DeviceData
 from sbcli.data.imageset import ImageSet
@@ -18,6 +15,7 @@ from sbcli.engine import Engine
 from sbcli.inference import refresh_state, scores
 from sbcli.learner import Learner
 from sbcli.methods import METHODS, TaskContext, config_from_json
+from sbcli.methods.common import frozen_copy
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
 
@@ -43,13 +41,6 @@ def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet) -> StepMe
     return step_metrics(out, test.labels, task_of_class)
 
 
-def frozen_teacher(model: torch.nn.Module) -> torch.nn.Module:
-    teacher = copy.deepcopy(model).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    return teacher
-
-
 def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: list[str], engine: Engine,
                task_record: dict, seen_train: Callable[[], ImageSet] | None = None) -> StepSummary:
     """Learn one task of ``new_classes`` (``train`` labels already in the learner's order).
@@ -60,7 +51,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     start = time.perf_counter()
     state, step = learner.state, learner.state.steps
     num_old = state.num_classes
-    teacher = frozen_teacher(learner.model) if step > 0 else None
+    teacher = frozen_copy(learner.model) if step > 0 else None
     state.class_names.extend(new_classes)
     state.class_task.extend([step] * len(new_classes))
     if step > 0:

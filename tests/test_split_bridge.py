@@ -23,13 +23,13 @@ from sbcli.engine import Engine, Phase, StepOutputs, TrainConfig
 from sbcli.errors import ConfigError
 from sbcli.losses import ce_loss, kd_loss
 from sbcli.methods import TaskContext, build_config
+from sbcli.methods.common import frozen_copy
 from sbcli.methods.split_bridge import Config, bridge_loss, learn_task, separated_loss
 from sbcli.metrics import step_metrics
 from sbcli.nets import create_model
 from sbcli.nets.partition import cross_mask, cross_norm, disconnect, enforce_masks, make_partition, sparsity_paper
 from sbcli.nets.resnet import IncrementalResNet
 from sbcli.recipes import list_recipes, load_recipe
-from sbcli.steps import frozen_teacher
 
 NUM_OLD, NUM_NEW = 3, 2
 ZOO_RECIPES = Path(__file__).resolve().parents[1] / "zoo" / "recipes"
@@ -78,7 +78,7 @@ def make_ctx(engine: Engine, epochs: int = 1, arch: str = "resnet18") -> TaskCon
     """Step 2 of a sequence: a (random) model of NUM_OLD classes grown by NUM_NEW, with its teacher."""
     torch.manual_seed(0)
     model = create_model(arch, NUM_OLD, 0.125)
-    teacher = frozen_teacher(model)
+    teacher = frozen_copy(model)
     model.expand_classes(NUM_NEW)
     test = random_data(NUM_OLD + NUM_NEW, 4, seed=1)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from torch import nn
 
@@ -9,6 +11,14 @@ from sbcli.engine import Phase, StepOutputs
 from sbcli.losses import ce_loss
 from sbcli.methods.base import TaskContext, TaskResult
 from sbcli.nets.resnet import IncrementalResNet
+
+
+def frozen_copy(model: nn.Module) -> nn.Module:
+    """A frozen teacher: a deep copy in eval mode whose parameters take no gradient."""
+    teacher = copy.deepcopy(model).eval()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    return teacher
 
 
 @torch.no_grad()

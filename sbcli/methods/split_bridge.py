@@ -9,7 +9,6 @@ model t-1.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from sbcli.engine import LossFn, Phase, StepOutputs
 from sbcli.errors import ConfigError
 from sbcli.losses import kd_ce_loss, kd_loss, localized_ce
 from sbcli.methods.base import TaskContext, TaskResult, register_method
-from sbcli.methods.common import learn_first_task, weight_align, zero_head_bias
+from sbcli.methods.common import frozen_copy, learn_first_task, weight_align, zero_head_bias
 from sbcli.nets.partition import (
     Partition,
     bridge,
@@ -82,13 +81,6 @@ def bridge_loss(num_old: int, lam: float) -> LossFn:
 
 def _epochs(value: int | None, default: int) -> int:
     return default if value is None else value
-
-
-def frozen_copy(model: IncrementalResNet) -> IncrementalResNet:
-    teacher = copy.deepcopy(model).eval()
-    for p in teacher.parameters():
-        p.requires_grad_(False)
-    return teacher
 
 
 @register_method("sb", Config, "Split-and-Bridge: split, separated learning, bridge, WA")
