@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from conftest_hub import fake_hub, hf_offline, no_internet, no_retry_wait  # noqa: F401  (fixtures)
 from PIL import Image
 
@@ -45,3 +46,21 @@ def color_data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         out[f"{task}_train"] = write_class_folder(root / task / "train", classes, 24, seed=1)
         out[f"{task}_test"] = write_class_folder(root / task / "test", classes, 8, seed=2)
     return out
+
+
+@pytest.fixture(scope="session")
+def four_colors(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Four synthetic colour classes in one folder tree: 24 training and 8 test images each."""
+    root = tmp_path_factory.mktemp("four-colors")
+    classes = ["red", "green", "blue", "yellow"]
+    return {"train": write_class_folder(root / "train", classes, 24, seed=1),
+            "test": write_class_folder(root / "test", classes, 8, seed=2)}
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread: on a busy 2-core machine two OpenMP threads run these nets 10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,10 +1,8 @@
 """BiC: the bias layer learns a toy imbalance, folds into the head exactly, and runs end to end."""
 
-from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_class_folder
 
 from sbcli import api
 from sbcli.data.device import DeviceData
@@ -124,14 +122,6 @@ def test_previous_bias_layer_corrects_the_teacher():
     assert len(train) == len(labels) - 6  # one validation image per class held out of the training
     assert result.extra_state[bic.STEPS_KEY].shape == (2, 2)
     assert result.extra_state[bic.SCALE_KEY].shape == (6,)
-
-
-@pytest.fixture(scope="module")
-def four_colors(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("bic-colors")
-    classes = ["red", "green", "blue", "yellow"]
-    return {"train": write_class_folder(root / "train", classes, 24, seed=1),
-            "test": write_class_folder(root / "test", classes, 8, seed=2)}
 
 
 def test_std_bic_learner_keeps_its_correction_and_loads_it(four_colors, tmp_path):

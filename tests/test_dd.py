@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_class_folder
 from safetensors.torch import load_file
 
 from sbcli import api
@@ -47,11 +46,9 @@ def test_config_refuses_other_inference_rules():
 
 
 @pytest.fixture(scope="module")
-def dd_learner(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("dd-colors")
-    classes = ["red", "green", "blue", "yellow"]
-    train = write_class_folder(root / "train", classes, 24, seed=1)
-    test = write_class_folder(root / "test", classes, 8, seed=2)
+def dd_learner(four_colors, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("dd")
+    train, test = four_colors["train"], four_colors["test"]
     run = api.RunOptions(method="dd", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
     seq = api.SequenceOptions(source=str(train), test=str(test), image_size=16, tasks=2)
     out = root / "dd"

@@ -4,7 +4,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_class_folder
 
 from sbcli import api
 from sbcli.engine import Engine, StepOutputs, TrainConfig
@@ -87,11 +86,9 @@ def test_icarl_loss_is_ce_plus_kd_unweighted():
 
 
 @pytest.fixture(scope="module")
-def icarl_learner(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("nme-colors")
-    classes = ["red", "green", "blue", "yellow"]
-    train = write_class_folder(root / "train", classes, 24, seed=1)
-    test = write_class_folder(root / "test", classes, 8, seed=2)
+def icarl_learner(four_colors, tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("nme")
+    train, test = four_colors["train"], four_colors["test"]
     run = api.RunOptions(method="std", method_options={"inference": "icarl"}, width=0.125,
                          train=TrainConfig(epochs=1, batch_size=16), memory=12, device="cpu")
     seq = api.SequenceOptions(source=str(train), test=str(test), image_size=16, tasks=2)

@@ -45,13 +45,7 @@ def paper_steps() -> list[tuple[str, int, int, str, int, int]]:
     return cases
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a busy 2-core machine two OpenMP threads run these nets 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

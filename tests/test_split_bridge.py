@@ -35,13 +35,7 @@ NUM_OLD, NUM_NEW = 3, 2
 ZOO_RECIPES = Path(__file__).resolve().parents[1] / "zoo" / "recipes"
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """One intra-op thread: on a busy 2-core machine two OpenMP threads run these nets 10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 class SpyEngine(Engine):
