@@ -6,7 +6,9 @@ one run:
 
 * **engine**: :class:`sbcli.engine.Engine` exactly as ``sb train`` runs it (device-resident
   uint8 images, permutation batches, crop/flip/normalise on the device for the whole batch,
-  channels-last, bf16 autocast and a fused optimiser on CUDA, one host sync per epoch).
+  channels-last, bf16 autocast where the device computes bf16 natively (``--precision auto``, the
+  default of ``sb train``; pass ``--precision auto,fp32`` for a float32 row too), a fused optimiser
+  on CUDA, one host sync per epoch).
 * **reference**: the way the authors' code and PyCIL feed a network: a ``Dataset`` holding the
   images as an HWC uint8 array and turning each into a PIL image, torchvision transforms
   (``RandomCrop(padding)``, ``RandomHorizontalFlip``, ``ToTensor``, ``Normalize``), a
@@ -438,7 +440,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
     p.add_argument("--workers", type=int, default=-1, help="reference DataLoader workers (-1: 0 on CPU, min(8, cores) on CUDA)")
     p.add_argument("--compile", action="store_true", help="torch.compile the engine's student and teacher")
     p.add_argument("--precision", default="auto",
-                   help="engine precision(s), comma-separated: auto (bf16 on CUDA, fp32 on CPU), bf16, fp32")
+                   help="engine precision(s), comma-separated: auto (bf16 where the device has native bf16, else fp32), bf16, fp32")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")

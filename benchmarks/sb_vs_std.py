@@ -15,7 +15,7 @@ stopped when run again with the same options.
 Example (the run of docs/benchmarks.md; 2-core VM, no GPU):
 
     nice -n 10 python benchmarks/sb_vs_std.py --classes 20 --per-class 100 --tasks 2 5 --seeds 0 1 2 \\
-        --epochs 5 --batch-size 32 --json /tmp/sb-vs-std.json
+        --epochs 5 --batch-size 32 --precision fp32 --json /tmp/sb-vs-std.json
 """
 
 from __future__ import annotations
@@ -111,7 +111,7 @@ def sb_options(tasks: int, args: argparse.Namespace) -> dict:
 def check_budget(args: argparse.Namespace) -> None:
     """Refuse to mix runs of another budget into the same work directory."""
     keys = ("data", "classes", "per_class", "image_size", "order_seed", "width", "epochs", "sb_phase_epochs",
-            "batch_size", "lr", "memory", "rho")
+            "batch_size", "lr", "memory", "rho", "precision")
     budget = {k: str(getattr(args, k)) for k in keys}
     path = args.work / "runs" / "budget.json"
     if path.is_file() and json.loads(path.read_text()) != budget:
@@ -148,7 +148,7 @@ def run_one(method: str, tasks: int, seed: int, folders: tuple[Path, Path], args
     options = {"inference": "wa"} | (sb_options(tasks, args) if method == "sb" else {})
     seq = api.SequenceOptions(source=str(folders[0]), test=str(folders[1]), image_size=args.image_size, tasks=tasks,
                               order_seed=args.order_seed)
-    train = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr)
+    train = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, precision=args.precision)
     run = api.RunOptions(method=method.removesuffix("-long"), method_options=options, arch="resnet18",
                          width=args.width, train=train, memory=args.memory or 20 * args.classes, selection="random",
                          seed=seed, device="cpu")
@@ -206,6 +206,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--std-step-epochs", type=int, default=None,
                    help="also run STD + WA with this many epochs in steps 2..T (e.g. 3 x --epochs: S&B's epochs "
                         "per split step), a control for S&B's longer training")
+    p.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
+                   help="training precision, as sb train --precision (docs/benchmarks.md's runs: fp32)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: fastest on a shared CPU)")
     p.add_argument("--work", type=Path, default=Path("/tmp/sb-vs-std"))
     p.add_argument("--json", type=Path, default=None, help="also write every per-step accuracy here")

@@ -93,6 +93,7 @@ class BenchPlan:
         """What must be the same across the cells of one table (JSON-normalised)."""
         seq = {k: v for k, v in dataclasses.asdict(self.seq).items() if k not in ("tasks", "base", "increment")}
         run = {k: v for k, v in dataclasses.asdict(self.run).items() if k not in ("method", "method_options", "device")}
+        run["train"].pop("compile")  # how fast, not what is computed: a bench may resume with or without it
         return json.loads(json.dumps({"sequence": seq, "run": run, "rho": self.rho}))
 
 
@@ -164,6 +165,7 @@ def check_budget(plan: BenchPlan, out: Path) -> None:
     budget = plan.budget()
     if path.is_file():
         stored = json.loads(path.read_text(encoding="utf-8"))
+        stored.get("run", {}).get("train", {}).pop("compile", None)  # older bench.json files recorded it: not a budget key
         if stored != budget:
             changed = sorted(_diff_keys(stored, budget))
             raise ConfigError(f"{out} holds a bench run with other options ({', '.join(changed)}); rerun with the same "

@@ -3,8 +3,9 @@
 Per phase: a fresh SGD (Nesterov) optimiser, a multi-step schedule whose milestones scale with
 the phase's epochs (60/120/160 of 200 by default), batches drawn by permutation from
 device-resident uint8 images, augmentation on the device, the teacher's forward in the same
-step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autocast and a fused
-optimiser on CUDA, float32 on CPU unless ``TrainConfig.precision`` asks for bf16. Losses are summed
+step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autocast wherever the
+device computes in bf16 natively (see :func:`native_bf16`; ``TrainConfig.precision`` overrides it),
+a fused optimiser on CUDA. Losses are summed
 on the device and read once per epoch, so an epoch has no host synchronisation. Measurements:
 docs/performance.md (benchmarks/engine_speed.py).
 
@@ -41,20 +42,35 @@ class TrainConfig:
     lr_decay: float = 0.1
     compile: bool = False  # torch.compile the student and the teacher (once per phase; slower to start)
     eval_batch_size: int = 1024
-    precision: str = "auto"  # auto: bf16 autocast on CUDA, float32 on CPU; or "bf16" / "fp32" everywhere
+    precision: str = "auto"  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bf16 natively, so that bf16 autocast is faster than float32.
+
+    A CUDA GPU with bf16 units (Ampere or later), or a CPU with AVX-512 BF16 or AMX tiles (oneDNN's
+    bf16 convolutions; measured 1.7x to 2.2x the float32 step on a 2-core EPYC VM, docs/performance.md).
+    Elsewhere bf16 would be emulated, slower than float32.
+    """
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":
+        return any(getattr(torch.cpu, probe, lambda: False)()
+                   for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return False
+
+
 def uses_bf16(precision: str, device: torch.device) -> bool:
-    """Whether steps run under bf16 autocast: ``auto`` means on CUDA only (CPU stays float32)."""
+    """Whether steps run under bf16 autocast: ``auto`` means where the device has native bf16."""
     return PRECISIONS[precision](device)
 
 
 PRECISIONS: dict[str, Callable[[torch.device], bool]] = {
-    "auto": lambda device: device.type == "cuda",
+    "auto": native_bf16,
     "bf16": lambda device: True,
     "fp32": lambda device: False,
 }
@@ -107,11 +123,14 @@ class PhaseReport:
     final_loss: float
     seconds: float
     images_per_s: float
+    precision: str = "fp32"  # what the steps computed in: "bf16" (autocast) or "fp32"
+    processes: int = 1  # data-parallel processes that trained together (torchrun's world size)
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return {"name": self.name, "epochs": self.epochs, "final_loss": self.final_loss,
-                "seconds": round(self.seconds, 3), "images_per_s": round(self.images_per_s, 1), **self.extra}
+                "seconds": round(self.seconds, 3), "images_per_s": round(self.images_per_s, 1),
+                "precision": self.precision, "processes": self.processes, **self.extra}
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.SGD:
@@ -180,7 +199,8 @@ class Engine:
             self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9))
         distributed.broadcast_module(model, self.dist)
         seconds = time.perf_counter() - start
-        return PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9))
+        return PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9),
+                           precision="bf16" if self.autocast else "fp32", processes=self.dist.world_size)
 
     def _step(self, student: nn.Module, teacher: nn.Module | None, model: nn.Module, data: DeviceData,
               idx: torch.Tensor, phase: Phase, opt: torch.optim.Optimizer) -> torch.Tensor:
@@ -232,7 +252,11 @@ class Engine:
 
     @torch.no_grad()
     def features_or_logits(self, model: nn.Module, images: torch.Tensor, features: bool) -> torch.Tensor:
-        """Features or logits of ``images``; with several ranks each scores a shard, gathered on all."""
+        """Features or logits of ``images``; with several ranks each scores a shard, gathered on all.
+
+        Always in float32, whatever the training precision: what ``sb evaluate`` reports is what the
+        exported ONNX model and ``sb predict`` compute, and exemplar features do not depend on it.
+        """
         was_training = model.training
         model.eval()
         lo, hi = distributed.shard_range(len(images), self.dist)
@@ -242,9 +266,7 @@ class Engine:
         for start in starts:
             x = normalize(images[start : min(hi, start + self.cfg.eval_batch_size)].to(self.device), self.norm,
                           self.channels_last)
-            with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
-                out = model.forward_features(x) if features else model(x)
-            outputs.append(out.float())
+            outputs.append(model.forward_features(x) if features else model(x))
         model.train(was_training)
         if not outputs:
             return torch.zeros(0)

@@ -144,3 +144,19 @@ def test_cli_default_rows_are_the_papers_seven():
 
     assert PAPER_ROWS.split(",") == list(bench.PAPER_ORDER)
     assert [bench.BENCH_METHODS.get(m).label for m in bench.PAPER_ORDER][-2:] == ["S&B + WA", "Oracle (joint)"]
+
+
+def test_cli_bench_precision_is_part_of_the_budget_and_compile_is_not(colors, tmp_path):
+    out = tmp_path / "fp32-grid"
+    args = ["bench", str(colors["train"]), "--test", str(colors["test"]), "--image-size", "16", "--methods", "std-wa",
+            "--tasks", "2", "--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8",
+            "--device", "cpu", "--no-plots", "--out", str(out), "--precision", "fp32"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    history = read_state(out / "cells" / "std-wa-T2").history
+    assert {p["precision"] for h in history for p in h["phases"]} == {"fp32"}
+    assert json.loads((out / "bench.json").read_text())["run"]["train"]["precision"] == "fp32"
+    resumed = CliRunner().invoke(app, [*args, "--compile"])
+    assert resumed.exit_code == 0 and "skipped 1 finished" in resumed.output
+    other = CliRunner().invoke(app, [*args[:-1], "bf16"])
+    assert other.exit_code == 1 and "run.train.precision" in other.output

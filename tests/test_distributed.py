@@ -163,3 +163,23 @@ def test_torchrun_train_writes_a_learner_that_continues_in_one_process(color_dat
     assert step.step == 3 and step.num_classes == 4
     again = Learner.load(out)
     assert again.state.steps == 3 and again.state.class_names[-2:] == ["blue", "yellow"]
+
+
+def test_torchrun_add_task_trains_data_parallel_and_rank_0_alone_writes_and_prints(color_data, tmp_path):
+    out = tmp_path / "learner"
+    seq = api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]), image_size=16)
+    run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
+    api.train(seq, run, out)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
+           "-m", "sbcli", "add-task", str(out), str(color_data["task2_train"]), "--test", str(color_data["task2_test"]),
+           "--epochs", "1", "--device", "cpu"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=170, env=env, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.count("Adding the classes of") == 1, done.stderr[-3000:]  # rank 0 alone prints
+    assert done.stderr.count("step 2 done") == 1, done.stderr[-3000:]
+    learner = Learner.load(out)
+    assert learner.state.steps == 2 and learner.state.class_names[2:] == ["blue", "yellow"]
+    assert len(learner.memory) == 8 and sorted(learner.memory.labels.unique().tolist()) == [0, 1, 2, 3]
+    assert [p["processes"] for p in learner.state.history[1]["phases"]] == [WORLD]
+    assert [p["processes"] for p in learner.state.history[0]["phases"]] == [1]

@@ -27,13 +27,18 @@ def add_task(
     json_out: JsonOpt = False,
 ) -> None:
     """Add a new class set to a learner (the learner is rewritten only when the step is done)."""
-    from sbcli import api
+    from sbcli import api, distributed
     from sbcli.cli import render
     from sbcli.learner import read_state
 
-    render.ERR.print(f"Adding the classes of {folder} to {learner}", highlight=False)
-    step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method,
-                        on_progress=render.ProgressPrinter(5))
+    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints
+    if main:
+        render.ERR.print(f"Adding the classes of {folder} to {learner}", highlight=False)
+    with distributed.session(device):
+        step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method,
+                            on_progress=render.ProgressPrinter(5))
+    if not main:
+        return
     render.step_line(step)
     history = read_state(learner).history
     if json_out:

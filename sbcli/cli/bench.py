@@ -15,6 +15,7 @@ from sbcli.cli._options import (
     ArchOpt,
     BatchSizeOpt,
     ClassesOpt,
+    CompileOpt,
     DataRootOpt,
     DeviceOpt,
     DownloadOpt,
@@ -23,6 +24,7 @@ from sbcli.cli._options import (
     LrOpt,
     MemoryOpt,
     OrderSeedOpt,
+    PrecisionOpt,
     SeedOpt,
     SelectionOpt,
     WidthOpt,
@@ -69,7 +71,8 @@ def build_plan(o: dict) -> Any:
     order_seed = None if v["order_seed"] == -1 else v["order_seed"]
     seq = SequenceOptions(source=v["source"], test=None if v["test"] is None else str(v["test"]), data_root=v["data_root"],
                           download=v["download"], image_size=v["image_size"], order_seed=order_seed, classes=v["classes"])
-    train = TrainConfig(epochs=v["epochs"], batch_size=v["batch_size"], lr=v["lr"])
+    train = TrainConfig(epochs=v["epochs"], batch_size=v["batch_size"], lr=v["lr"], compile=v.get("compile", False),
+                        precision=v.get("precision", "auto"))
     run = RunOptions(arch=v["arch"], width=v["width"], train=train, memory=v["memory"], selection=v["selection"],
                      seed=v["seed"], device=v["device"])
     methods = PAPER_ORDER if v["methods"] is None else tuple(m.strip() for m in v["methods"].split(",") if m.strip())
@@ -96,6 +99,8 @@ def bench(
     lr: LrOpt = None,
     memory: MemoryOpt = None,
     selection: SelectionOpt = None,
+    compile: CompileOpt = False,
+    precision: PrecisionOpt = "auto",
     seed: SeedOpt = None,
     device: DeviceOpt = "auto",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNG figures (needs matplotlib).", rich_help_panel=OUT)] = True,
