@@ -27,5 +27,5 @@ LrOpt = Annotated[Optional[float], typer.Option("--lr", help="Initial learning r
 MemoryOpt = Annotated[Optional[int], typer.Option("--memory", help="Exemplar budget over all classes (paper: 2000).", rich_help_panel=OPT, show_default=False)]
 SelectionOpt = Annotated[Optional[str], typer.Option("--selection", help="Exemplar choice: random (default), herding or first.", rich_help_panel=OPT, show_default=False)]
 ClassesOpt = Annotated[Optional[int], typer.Option("--classes", help="Keep only the first N classes of the class order (a smaller benchmark).", rich_help_panel=DATA, show_default=False)]
-CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile the student and teacher once per phase (pays off on long runs).", rich_help_panel=OPT)]
+CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile the student and teacher once per phase (minutes to compile; for long GPU runs: no gain measured on CPU).", rich_help_panel=OPT)]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="auto (bf16 autocast where the device computes in bf16 natively: recent GPUs, CPUs with AVX-512 BF16 or AMX; float32 elsewhere), bf16 or fp32.", rich_help_panel=OPT)]
