@@ -112,6 +112,7 @@ class ProgressEvent:
     epochs: int
     loss: float
     images_per_s: float
+    precision: str = "fp32"  # what the steps compute in: "bf16" (autocast) or "fp32"
 
 
 @dataclass
@@ -162,6 +163,7 @@ class Engine:
         self.task = 0
         self.channels_last = True
         self.autocast = uses_bf16(cfg.precision, device)
+        self.precision = "bf16" if self.autocast else "fp32"  # as run, for the progress lines and the record
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = True  # fixed batch shapes: let cuDNN pick its fastest kernels
 
@@ -200,7 +202,7 @@ class Engine:
         distributed.broadcast_module(model, self.dist)
         seconds = time.perf_counter() - start
         return PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9),
-                           precision="bf16" if self.autocast else "fp32", processes=self.dist.world_size)
+                           precision=self.precision, processes=self.dist.world_size)
 
     def _step(self, student: nn.Module, teacher: nn.Module | None, model: nn.Module, data: DeviceData,
               idx: torch.Tensor, phase: Phase, opt: torch.optim.Optimizer) -> torch.Tensor:
@@ -238,7 +240,7 @@ class Engine:
 
     def _emit(self, phase: Phase, epoch: int, loss: float, rate: float) -> None:
         if self.on_progress is not None and self.dist.is_main:
-            self.on_progress(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate))
+            self.on_progress(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision))
 
     @torch.no_grad()
     def logits(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:

@@ -35,9 +35,11 @@ def _train_one_epoch(precision: str) -> tuple[list[torch.dtype], dict, Engine, t
     model, teacher = create_model("resnet18", 4, 0.125), create_model("resnet18", 4, 0.125)
     seen: list[torch.dtype] = []
     model.conv1.register_forward_hook(lambda _m, _i, out: seen.append(out.dtype))
-    engine = Engine(TrainConfig(epochs=1, batch_size=16, precision=precision), CPU, Normalization(), seed=0)
+    events = []
+    engine = Engine(TrainConfig(epochs=1, batch_size=16, precision=precision), CPU, Normalization(), seed=0,
+                    on_progress=events.append)
     phase = Phase("C", lambda o: kd_ce_loss(o.logits, o.targets, o.teacher_logits, 0.5), 1, teacher=teacher)
-    report = engine.run(model, data, phase).to_json()
+    report = engine.run(model, data, phase).to_json() | {"progress": [e.precision for e in events]}
     return seen, report, engine, model, images
 
 
@@ -46,6 +48,7 @@ def test_a_phase_computes_in_its_precision_and_records_it(precision, dtype):
     seen, report, _, _, _ = _train_one_epoch(precision)
     assert seen == [dtype, dtype]  # two training steps of 16
     assert report["precision"] == precision and report["processes"] == 1
+    assert report["progress"] == [precision]  # the progress line says it too
 
 
 def test_evaluation_is_float32_after_bf16_training():

@@ -30,7 +30,7 @@ class ProgressPrinter:
     def __call__(self, event: Any) -> None:
         if event.epoch % self.every == 0 or event.epoch == event.epochs:
             ERR.print(f"task {event.task} · phase {event.phase} · epoch {event.epoch}/{event.epochs} · "
-                      f"loss {event.loss:.4f} · {event.images_per_s:,.0f} img/s", highlight=False)
+                      f"loss {event.loss:.4f} · {event.images_per_s:,.0f} img/s · {event.precision}", highlight=False)
 
 
 def step_line(step: Any) -> None:
