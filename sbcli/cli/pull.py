@@ -24,16 +24,20 @@ EPILOG = """Examples:
 
 def zoo_table(entries: list[dict]):
     """One row per entry (the descriptions are in ``--json``)."""
+    from rich import box
+
     from sbcli.cli import render
 
-    table = render.Table(title="The sbcli zoo (`sb pull --list --json` for descriptions, hashes and metrics)")
-    for col in ("name", "where", "dataset", "method", "network", "classes", "last acc. %"):
-        table.add_column(col, justify="right" if col in ("classes", "last acc. %") else "left",
-                         overflow="fold" if col in ("name", "where") else "ellipsis")
+    table = render.Table(title="The sbcli zoo (`sb pull --list --json` for descriptions, hashes and metrics)",
+                         box=box.SIMPLE_HEAD)
+    for col in ("name", "where", "dataset", "model", "classes", "last %"):
+        table.add_column(col, justify="right" if col in ("classes", "last %") else "left",
+                         no_wrap=col in ("name", "where", "dataset"))
     for e in entries:
-        where = e["location"] + (f"@{e['revision']}" if e["revision"] else "")
+        # a bundled entry's path inside sbcli is an install detail (it is in --json)
+        where = "bundled" if e["kind"] == "bundled" else e["location"] + (f"@{e['revision']}" if e["revision"] else "")
         dataset = e["dataset"].split(":")[0].split(" (")[0]
-        table.add_row(e["name"], where, dataset, f"{e['method']} ({e['inference']})", e["network"],
+        table.add_row(e["name"], where, dataset, f"{e['method']} + {e['inference']}, {e['network']}",
                       f"{e['classes']} in {len(e['tasks'])} tasks", render.fmt(e["metrics"].get("last")))
     return table
 
