@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated, Optional
+
 import typer
 
 from sbcli import __version__
@@ -14,6 +16,20 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     add_completion=False,
 )
+
+
+@app.callback()
+def _global_options(
+    threads: Annotated[Optional[int], typer.Option(
+        "--threads", envvar="SBCLI_THREADS", min=1, max=1024, show_default=False,
+        help="CPU compute threads (default: one per core). Give it before the command: sb --threads 1 train ...")] = None,
+) -> None:
+    """Grow an image classifier class set by class set with Split-and-Bridge (and its baselines)."""
+    from sbcli.threads import use_threads
+
+    use_threads(threads)
+
+
 app.command("train", epilog=train.EPILOG)(train.train)
 app.command("add-task", epilog=add_task.EPILOG)(add_task.add_task)
 app.command("evaluate", epilog=evaluate.EPILOG)(evaluate.evaluate)
@@ -57,5 +73,15 @@ def _log_to_stderr() -> None:
 
 
 def main() -> None:
+    """The `sb` entry point: the environment torch needs is set before anything imports torch."""
+    from sbcli.cli._errors import debugging, report
+    from sbcli.threads import prepare
+
+    prepare()
     _log_to_stderr()
-    app()
+    try:
+        app()
+    except (Exception, KeyboardInterrupt) as err:  # outside a command (e.g. at import): still one line
+        if debugging():
+            raise
+        raise SystemExit(report(err)) from None

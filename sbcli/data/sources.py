@@ -41,6 +41,7 @@ import safetensors.torch
 import torch
 from PIL import Image, ImageOps
 
+from sbcli.data import walk
 from sbcli.data.imageset import ImageSet
 from sbcli.errors import ConfigError, DataError, UnknownNameError
 
@@ -295,7 +296,7 @@ def _fingerprint(lines: Sequence[str]) -> str:
 
 def _stat_line(name: str, path: Path) -> str:
     """The fingerprint line of one file."""
-    st = path.stat()
+    st = walk.stat(path)
     return f"{name}\t{st.st_size}\t{st.st_mtime_ns}"
 
 
@@ -413,11 +414,8 @@ def _scan_class(root: Path, class_dir: Path, skipped: list[str], stat_lines: lis
 
 
 def _walk_files(folder: Path) -> Iterator[Path]:
-    """Every file below ``folder`` in sorted order, following symlinks as ImageFolder does."""
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames.sort()
-        for name in sorted(filenames):
-            yield Path(dirpath) / name
+    """Every file below ``folder`` in sorted order, following symlinks as ImageFolder does (loops refused)."""
+    yield from walk.walk_files(folder)
 
 
 # --------------------------------------------------------------------------------------------
