@@ -52,10 +52,14 @@ def methods() -> None:
 
 @app.command("version")
 def version() -> None:
-    """Print the versions of sbcli and torch."""
+    """Print the versions of sbcli and torch, and how torch uses the CPU (threads, OpenMP waiting)."""
+    import os
+
     import torch
 
-    typer.echo(f"sbcli {__version__} torch {torch.__version__}")
+    wait = os.environ.get("OMP_WAIT_POLICY", "default")
+    typer.echo(f"sbcli {__version__} torch {torch.__version__} ({torch.get_num_threads()} CPU threads, "
+               f"OpenMP waiting {wait.lower()})")
 
 
 def _log_to_stderr() -> None:
