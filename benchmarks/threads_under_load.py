@@ -10,12 +10,16 @@ training steps of ``create_model("resnet32")`` for ``--seconds`` and prints imag
 * ``passive``: the same threads with ``OMP_WAIT_POLICY=PASSIVE`` (what sbcli sets now);
 * ``one``: one thread (``OMP_NUM_THREADS=1``).
 
+With ``--together 1,2`` each setting is also measured as two benchmark processes started at once
+(two trainings sharing the machine, as two demos started together do): the rate is per process.
+
 Settings alternate in ``--rounds`` rounds so that other work on a shared machine slows them alike;
 the median of each is reported.
 
 Example::
 
     python benchmarks/threads_under_load.py --loads 0,2 --seconds 20 --rounds 3
+    python benchmarks/threads_under_load.py --loads 0 --together 1,2 --seconds 20 --rounds 3
 """
 
 from __future__ import annotations
@@ -59,12 +63,16 @@ def _busy(count: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
 
 
-def _measure(setting: str, seconds: float, batch: int, width: float) -> tuple[float, int]:
+def _measure(setting: str, seconds: float, batch: int, width: float, together: int = 1) -> tuple[float, int]:
+    """Images/s of one process (the mean over ``together`` processes started at once) and its threads."""
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "KMP_BLOCKTIME")}
     env.update(SETTINGS[setting])
-    out = subprocess.run([sys.executable, "-c", STEP, str(seconds), str(batch), str(width)], env=env,
-                         capture_output=True, text=True, check=True).stdout.split()
-    return float(out[0]), int(out[1])
+    procs = [subprocess.Popen([sys.executable, "-c", STEP, str(seconds), str(batch), str(width)], env=env,
+                              stdout=subprocess.PIPE, text=True) for _ in range(together)]
+    outs = [p.communicate()[0].split() for p in procs]
+    if any(p.returncode for p in procs):
+        raise SystemExit(f"a benchmark process failed in setting {setting}")
+    return statistics.mean(float(o[0]) for o in outs), int(outs[0][1])
 
 
 def main() -> None:
@@ -75,6 +83,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--width", type=float, default=1.0)
+    parser.add_argument("--together", default="1", help="benchmark processes started at once, comma-separated (e.g. 1,2)")
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
     settings = args.settings.split(",")
@@ -83,22 +92,23 @@ def main() -> None:
         busy = _busy(load)
         try:
             time.sleep(1.0)
-            rates: dict[str, list[float]] = {s: [] for s in settings}
-            threads: dict[str, int] = {}
+            cases = [(s, n) for n in (int(v) for v in args.together.split(",")) for s in settings]
+            rates: dict[tuple[str, int], list[float]] = {c: [] for c in cases}
+            threads: dict[tuple[str, int], int] = {}
             for _ in range(args.rounds):
-                for s in settings:
-                    rate, threads[s] = _measure(s, args.seconds, args.batch_size, args.width)
-                    rates[s].append(rate)
+                for s, n in cases:
+                    rate, threads[s, n] = _measure(s, args.seconds, args.batch_size, args.width, n)
+                    rates[s, n].append(rate)
         finally:
             for p in busy:
                 p.kill()
                 p.wait()
-        for s in settings:
-            row = {"load": load, "setting": s, "threads": threads[s], "median_img_s": round(statistics.median(rates[s]), 1),
-                   "rates": [round(r, 1) for r in rates[s]]}
+        for s, n in cases:
+            row = {"load": load, "setting": s, "together": n, "threads": threads[s, n],
+                   "median_img_s": round(statistics.median(rates[s, n]), 1), "rates": [round(r, 1) for r in rates[s, n]]}
             results.append(row)
-            print(f"load {load} busy  {s:8s} threads {threads[s]}  {row['median_img_s']:7.1f} img/s  "
-                  f"(rounds: {', '.join(f'{r:.1f}' for r in rates[s])})", flush=True)
+            print(f"load {load} busy  {s:8s} x{n} together  threads {threads[s, n]}  {row['median_img_s']:7.1f} img/s "
+                  f"per process  (rounds: {', '.join(f'{r:.1f}' for r in rates[s, n])})", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"cpus": os.cpu_count(), "batch_size": args.batch_size, "width": args.width,
