@@ -319,6 +319,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
 
     Raises:
         LearnerError: the file cannot be read, or its header, offsets or dtypes are malformed.
+        FileNotFoundError: the file is not there (the caller knows what that means for a learner).
     """
     path = Path(path)
     try:
@@ -326,6 +327,8 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
             size = os.fstat(f.fileno()).st_size
             header, start = _read_header(f, size, path)
             data = f.read(size - start)
+    except FileNotFoundError:
+        raise  # a reader that lost a race with a writer's commit reads learner.json again (sbcli.learner)
     except OSError as err:
         raise LearnerError(f"Could not read {path} ({err.strerror or err}); check its permissions.") from err
     if len(data) != size - start:

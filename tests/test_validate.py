@@ -177,3 +177,9 @@ def test_a_recorded_source_never_downloads(learner, monkeypatch, tmp_path):
     assert res.exit_code == 1 and res.stderr.startswith("Error:"), res.output
     assert not root.exists()  # no folder made, nothing fetched
     assert hashes(learner) == before
+
+
+def test_a_missing_file_is_left_to_the_caller(tmp_path):
+    # sbcli.learner reads learner.json again when a writer's commit removed the files it named
+    with pytest.raises(FileNotFoundError):
+        read_safetensors(tmp_path / "gone.safetensors")
