@@ -187,9 +187,23 @@ def _like_default(default: Any) -> Check:
     return lambda v: None if isinstance(v, scalar) else f"must be a number, string or null, found {_found(v)}"
 
 
+def _like_annotation(annotation: object) -> Check | None:
+    """A check for an optional field (default None) from its annotation, e.g. ``int | None``."""
+    text = str(annotation)
+    for name, check in (("float", _number(-1e300, 1e300)), ("int", _int(-(1 << 53), 1 << 53)), ("bool", _bool),
+                        ("str", _str(max_len=256))):
+        if name in text:
+            return _optional(check)
+    return None
+
+
 def _config(cls: Any, known: dict[str, Check]) -> Check:
     """A dataclass config stored as a JSON object: only its own fields, each of its type."""
-    fields = {f.name: known.get(f.name) or _like_default(_default_of(f)) for f in dataclasses.fields(cls)}
+    fields = {}
+    for f in dataclasses.fields(cls):
+        default = _default_of(f)
+        fields[f.name] = known.get(f.name) or (_like_annotation(f.type) if default is None else None) \
+            or _like_default(default)
     return _object(fields, closed=True)
 
 
