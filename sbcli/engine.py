@@ -26,6 +26,11 @@ from torch import nn
 
 from sbcli import distributed
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
+from sbcli.device import (
+    PRECISIONS,
+    native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
+    uses_bf16,
+)
 from sbcli.errors import ConfigError
 
 
@@ -47,33 +52,6 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes in bf16 natively, so that bf16 autocast is faster than float32.
-
-    A CUDA GPU with bf16 units (Ampere or later), or a CPU with AVX-512 BF16 or AMX tiles (oneDNN's
-    bf16 convolutions; measured 1.7x to 2.0x the float32 step on a 2-core EPYC VM, docs/performance.md).
-    Elsewhere bf16 would be emulated, slower than float32.
-    """
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    if device.type == "cpu":
-        return any(getattr(torch.cpu, probe, lambda: False)()
-                   for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return False
-
-
-def uses_bf16(precision: str, device: torch.device) -> bool:
-    """Whether steps run under bf16 autocast: ``auto`` means where the device has native bf16."""
-    return PRECISIONS[precision](device)
-
-
-PRECISIONS: dict[str, Callable[[torch.device], bool]] = {
-    "auto": native_bf16,
-    "bf16": lambda device: True,
-    "fp32": lambda device: False,
-}
 
 
 @dataclass(frozen=True)
