@@ -25,7 +25,7 @@ from sbcli.errors import ConfigError, DataError, LearnerError
 from sbcli.learner import Learner, LearnerState
 from sbcli.memory import ExemplarMemory
 from sbcli.methods import build_config
-from sbcli.metrics import summary
+from sbcli.metrics import history_summary
 from sbcli.nets import create_model, list_models
 from sbcli.steps import StepSummary, evaluate_learner, learn_step
 
@@ -245,11 +245,9 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
         test = load_test_sets(learner)
     engine = Engine(TrainConfig(**_tuples(state.train_config)), dev, learner.norm, state.seed)
     metrics = evaluate_learner(learner, engine, test)
-    overall = [h["metrics"]["overall"] for h in state.history]
-    rows = [h["metrics"]["per_task"] for h in state.history]
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
             "test_images": len(test), "metrics": metrics.to_json(), "history": state.history,
-            "summary": summary(overall, rows)}
+            "summary": history_summary(state.history)}
 
 
 # -- ways out: ONNX, the Hub, the zoo, serving (sbcli.export; optional extras loaded on use) --

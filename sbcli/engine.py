@@ -28,6 +28,7 @@ from sbcli import distributed
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.device import (
     PRECISIONS,
+    cudnn_autotune,
     native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
     uses_bf16,
 )
@@ -142,8 +143,6 @@ class Engine:
         self.channels_last = True
         self.autocast = uses_bf16(cfg.precision, device)
         self.precision = "bf16" if self.autocast else "fp32"  # as run, for the progress lines and the record
-        if device.type == "cuda":
-            torch.backends.cudnn.benchmark = True  # fixed batch shapes: let cuDNN pick its fastest kernels
 
     def _augment_generator(self, seed: int) -> torch.Generator:
         """Crop/flip draws: the permutation's generator on one CPU process (as it always was),
@@ -154,6 +153,15 @@ class Engine:
 
     def run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
         """Train ``model`` for one phase on ``data``; the teacher (if any) runs in eval mode.
+
+        On CUDA, cuDNN autotunes its kernels for the phase (batch shapes are fixed) and the
+        process's own ``cudnn.benchmark`` setting is restored afterwards.
+        """
+        with cudnn_autotune(self.device):
+            return self._run(model, data, phase)
+
+    def _run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
+        """The phase itself: optimiser, schedule, the epoch loop.
 
         Everything built here (layout, optimiser, DDP wrapper, compiled graphs) is built once per
         phase; the epoch loop only launches work and reads the loss once per epoch.
