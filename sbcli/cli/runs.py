@@ -17,7 +17,7 @@ METHOD_KEYS = ("inference", "rho", "sparsity", "gamma", "bn_reset")
 RECIPE_KEYS = frozenset({
     "source", "test", "data_root", "image_size", "tasks", "base", "increment", "classes", "order_seed", "class_order",
     "method", *METHOD_KEYS, "phase_epochs", "arch", "width", "epochs", "batch_size", "lr", "memory", "selection",
-    "seed", "recipe_path",
+    "seed", "recipe_path", "warmup_epochs", "zero_init_residual", "pretrained", "pretrained_sha256",
 })
 
 
@@ -62,9 +62,11 @@ def build_options(given: dict, defaults: dict):
                           increment=o.get("increment"), order_seed=order_seed, class_order=o.get("class_order"),
                           classes=o.get("classes"))
     train = TrainConfig(epochs=o["epochs"], batch_size=o["batch_size"], lr=o["lr"], compile=o.get("compile", False),
-                        precision=o.get("precision", "auto"))
+                        precision=o.get("precision", "auto"), warmup_epochs=o.get("warmup_epochs", 0.0),
+                        zero_init_residual=o.get("zero_init_residual", False))
     run = RunOptions(method=o["method"], method_options=method_options, arch=o["arch"], width=o["width"], train=train,
-                     memory=o["memory"], selection=o["selection"], seed=o["seed"], device=o.get("device", "auto"))
+                     memory=o["memory"], selection=o["selection"], seed=o["seed"], device=o.get("device", "auto"),
+                     pretrained=o.get("pretrained"), pretrained_sha256=o.get("pretrained_sha256"))
     return seq, run, Path(o["out"])
 
 
