@@ -137,8 +137,9 @@ def _read_safetensors(path: Path, origin: str) -> dict[str, torch.Tensor]:
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    head = path.open("rb").read(8)
-    if head.startswith((b"PK", b"\x80")):  # torch.save's zip or a bare pickle
+    with path.open("rb") as f:
+        head = f.read(9)  # safetensors: an 8-byte header length, then the JSON header's "{"
+    if head[8:9] != b"{" and head.startswith((b"PK", b"\x80")):  # torch.save's zip or a bare pickle
         raise ConfigError(f"{origin} is a pickle checkpoint (torch.save), which can run code when loaded; sbcli reads "
                           "safetensors only: convert it (safetensors.torch.save_file) or use a model.safetensors.")
     try:
