@@ -265,7 +265,7 @@ def load_test_sets(learner: Learner) -> ImageSet:
 
 
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
-             epochs: int | None = None, method: str | None = None,
+             epochs: int | None = None, method: str | None = None, warmup_epochs: float | None = None,
              on_progress: ProgressFn | None = None) -> StepSummary:
     """Learn the classes of ``folder`` (class-per-folder) as a new task of the learner at ``learner_dir``.
 
@@ -277,6 +277,8 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     if method is not None and method != learner.state.method:
         raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {method}; "
                           f"drop --method or start a new learner with `sb train --method {method}`.")
+    if warmup_epochs is not None and warmup_epochs < 0:
+        raise ConfigError(f"--warmup-epochs {warmup_epochs} is negative; give 0 (no warm-up) or more.")
     spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=learner.state.image_size,
                         data_root=None, download=False)
     if spec["kind"] != "folder":
@@ -288,6 +290,8 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
         raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
     if epochs is not None:
         learner.state.train_config["epochs"] = epochs
+    if warmup_epochs is not None:  # recorded: later steps keep it
+        learner.state.train_config["warmup_epochs"] = warmup_epochs
     old_test = load_test_sets(learner) if learner.state.tasks else None
     names = learner.state.class_names + new
     train_set = relabel(opened.train, names, new)
