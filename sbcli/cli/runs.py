@@ -97,7 +97,7 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool)
     if ablation is not None:
         render.OUT.print(ablation)
     render.OUT.print(render.summary_table(result))
-    render.OUT.print(closing_line(history), highlight=False)
+    render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
     render.OUT.print(f"Learner saved to {out}; add classes with `sb add-task {out} FOLDER --test FOLDER`.")
 
 
