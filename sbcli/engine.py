@@ -1,7 +1,8 @@
 """The one training loop. A method describes its phases; the engine runs them.
 
 Per phase: a fresh SGD (Nesterov) optimiser, a multi-step schedule whose milestones scale with
-the phase's epochs (60/120/160 of 200 by default), batches drawn by permutation from
+the phase's epochs (60/120/160 of 200 by default) after an optional linear warm-up
+(:mod:`sbcli.schedule`), batches drawn by permutation from
 device-resident uint8 images, augmentation on the device, the teacher's forward in the same
 step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autocast wherever the
 device computes in bf16 natively (see :func:`native_bf16`; ``TrainConfig.precision`` overrides it),
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from sbcli import distributed
+from sbcli import distributed, schedule
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.device import (
     PRECISIONS,
@@ -33,6 +34,7 @@ from sbcli.device import (
     uses_bf16,
 )
 from sbcli.errors import ConfigError
+from sbcli.schedule import PhaseSchedule
 
 
 @dataclass(frozen=True)
@@ -49,8 +51,12 @@ class TrainConfig:
     compile: bool = False  # torch.compile the student and the teacher (once per phase; slower to start)
     eval_batch_size: int = 1024
     precision: str = "auto"  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
+    warmup_epochs: float = 0.0  # linear lr warm-up at the start of every phase (sbcli.schedule); 0: the paper's
+    zero_init_residual: bool = False  # last BN of each residual block starts at 0 (each block the identity)
 
     def __post_init__(self) -> None:
+        if self.warmup_epochs < 0:
+            raise ConfigError(f"--warmup-epochs {self.warmup_epochs} is negative; give 0 (no warm-up) or more.")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
 
@@ -121,10 +127,11 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
                            weight_decay=cfg.weight_decay, fused=fused or None)
 
 
-def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int) -> torch.optim.lr_scheduler.MultiStepLR:
-    """Milestones at the configured fractions of the phase's epochs (60/120/160 of 200)."""
-    milestones = sorted({max(1, round(f * epochs)) for f in cfg.milestones})
-    return torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=cfg.lr_decay)
+def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int, batches_per_epoch: int) -> PhaseSchedule:
+    """Milestones at the configured fractions of the phase's epochs (60/120/160 of 200), after
+    ``cfg.warmup_epochs`` of linear warm-up."""
+    return schedule.make_schedule(opt, cfg.lr, cfg.milestones, cfg.lr_decay, epochs, batches_per_epoch,
+                                  cfg.warmup_epochs)
 
 
 class Engine:
@@ -168,7 +175,7 @@ class Engine:
         """
         self._to_layout(model, phase.teacher)
         opt = make_optimizer(model, self.cfg, self.device)
-        sched = make_schedule(opt, self.cfg, phase.epochs)
+        sched = make_schedule(opt, self.cfg, phase.epochs, schedule.steps_per_epoch(len(data), self.cfg.batch_size))
         student = self._compiled(distributed.data_parallel(model, self.device, self.dist))
         teacher = None if phase.teacher is None else self._compiled(phase.teacher.eval())
         start, seen, loss = time.perf_counter(), 0, float("nan")
@@ -178,6 +185,7 @@ class Engine:
             total, count = torch.zeros((), device=self.device), 0
             for batch in data.batch_indices(self.cfg.batch_size, self.generator):
                 idx = distributed.shard(batch, self.dist)
+                sched.before_step()
                 total += self._step(student, teacher, model, data, idx, phase, opt).detach()
                 count += 1
             sched.step()

@@ -25,10 +25,14 @@ from sbcli.cli._options import (
     MemoryOpt,
     OrderSeedOpt,
     PrecisionOpt,
+    PretrainedHashOpt,
+    PretrainedOpt,
     SeedOpt,
     SelectionOpt,
     TestOpt,
+    WarmupOpt,
     WidthOpt,
+    ZeroInitOpt,
 )
 
 EPILOG = """Examples:
@@ -42,7 +46,8 @@ EPILOG = """Examples:
 
 # What a run uses when an option is not given: the paper's settings for benchmarks, and a
 # CPU-sized budget for the bundled demo so that `sb train` alone ends in a few minutes.
-GLOBAL_DEFAULTS = {"method": "sb", "arch": "resnet18", "lr": 0.1, "selection": "random", "seed": 0, "order_seed": 0}
+GLOBAL_DEFAULTS = {"method": "sb", "arch": "resnet18", "lr": 0.1, "selection": "random", "seed": 0, "order_seed": 0,
+                   "warmup_epochs": 1.0, "zero_init_residual": True}  # stable early training (the paper recipes: 0, false)
 DEMO_DEFAULTS = {"tasks": 5, "width": 0.25, "epochs": 4, "batch_size": 64, "memory": 200}
 PAPER_DEFAULTS = {"tasks": 10, "width": 1.0, "epochs": 200, "batch_size": 256, "memory": 2000}
 FOLDER_DEFAULTS = {"tasks": 1, "width": 1.0, "epochs": 30, "batch_size": 128, "memory": 2000}
@@ -83,6 +88,10 @@ def train(
     epochs: EpochsOpt = None,
     batch_size: BatchSizeOpt = None,
     lr: LrOpt = None,
+    warmup_epochs: WarmupOpt = None,
+    zero_init_residual: ZeroInitOpt = None,
+    pretrained: PretrainedOpt = None,
+    pretrained_sha256: PretrainedHashOpt = None,
     memory: MemoryOpt = None,
     selection: SelectionOpt = None,
     compile: CompileOpt = False,
