@@ -27,6 +27,12 @@ from torch import nn
 
 from sbcli import distributed, schedule
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
+from sbcli.device import (
+    PRECISIONS,
+    cudnn_autotune,
+    native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
+    uses_bf16,
+)
 from sbcli.errors import ConfigError
 from sbcli.schedule import PhaseSchedule
 from sbcli.selection import PhaseSelection, Validator
@@ -58,33 +64,6 @@ class TrainConfig:
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs} is negative; give 0 (no warm-up) or more.")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes in bf16 natively, so that bf16 autocast is faster than float32.
-
-    A CUDA GPU with bf16 units (Ampere or later), or a CPU with AVX-512 BF16 or AMX tiles (oneDNN's
-    bf16 convolutions; measured 1.7x to 2.0x the float32 step on a 2-core EPYC VM, docs/performance.md).
-    Elsewhere bf16 would be emulated, slower than float32.
-    """
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    if device.type == "cpu":
-        return any(getattr(torch.cpu, probe, lambda: False)()
-                   for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return False
-
-
-def uses_bf16(precision: str, device: torch.device) -> bool:
-    """Whether steps run under bf16 autocast: ``auto`` means where the device has native bf16."""
-    return PRECISIONS[precision](device)
-
-
-PRECISIONS: dict[str, Callable[[torch.device], bool]] = {
-    "auto": native_bf16,
-    "bf16": lambda device: True,
-    "fp32": lambda device: False,
-}
 
 
 @dataclass(frozen=True)
@@ -177,8 +156,6 @@ class Engine:
         self.channels_last = True
         self.autocast = uses_bf16(cfg.precision, device)
         self.precision = "bf16" if self.autocast else "fp32"  # as run, for the progress lines and the record
-        if device.type == "cuda":
-            torch.backends.cudnn.benchmark = True  # fixed batch shapes: let cuDNN pick its fastest kernels
 
     def _augment_generator(self, seed: int) -> torch.Generator:
         """Crop/flip draws: the permutation's generator on one CPU process (as it always was),
@@ -189,6 +166,15 @@ class Engine:
 
     def run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
         """Train ``model`` for one phase on ``data``; the teacher (if any) runs in eval mode.
+
+        On CUDA, cuDNN autotunes its kernels for the phase (batch shapes are fixed) and the
+        process's own ``cudnn.benchmark`` setting is restored afterwards.
+        """
+        with cudnn_autotune(self.device):
+            return self._run(model, data, phase)
+
+    def _run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
+        """The phase itself: optimiser, schedule, the epoch loop.
 
         Everything built here (layout, optimiser, DDP wrapper, compiled graphs) is built once per
         phase; the epoch loop only launches work and reads the loss once per epoch.

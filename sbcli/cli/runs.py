@@ -78,7 +78,7 @@ def _str(value: Any) -> str | None:
 
 def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool) -> None:
     from sbcli import api, distributed
-    from sbcli.metrics import summary
+    from sbcli.metrics import history_summary
 
     every = max(1, run.train.epochs // 10)
     main = distributed.is_main_process()  # under torchrun, rank 0 alone prints
@@ -90,7 +90,7 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool)
     if not main:
         return
     history = learner.state.history
-    result = summary([h["metrics"]["overall"] for h in history], [h["metrics"]["per_task"] for h in history])
+    result = history_summary(history)
     if json_out:
         render.print_json({"learner": str(out), "history": history, "summary": result})
         return

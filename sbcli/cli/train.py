@@ -79,7 +79,7 @@ def train(
     order_seed: OrderSeedOpt = None,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="A named recipe (e.g. paper-10) or a recipe .toml file; options given override it.", rich_help_panel=METHOD, show_default=False)] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="sb (default), std, finetune, ... (`sb methods` lists them).", rich_help_panel=METHOD, show_default=False)] = None,
-    inference: Annotated[Optional[str], typer.Option("--inference", help="wa or none (std, sb); more with other methods.", rich_help_panel=METHOD, show_default=False)] = None,
+    inference: Annotated[Optional[str], typer.Option("--inference", help="Inference rule: sb and dd take wa or none; std takes wa, bic, icarl or none (default wa).", rich_help_panel=METHOD, show_default=False)] = None,
     rho: Annotated[Optional[float], typer.Option("--rho", help="sb: split ratio factor (paper 1.0 to 1.4).", rich_help_panel=METHOD, show_default=False)] = None,
     sparsity: Annotated[Optional[str], typer.Option("--sparsity", help="sb: 'code' (authors' group lasso) or 'paper'.", rich_help_panel=METHOD, show_default=False)] = None,
     gamma: Annotated[Optional[float], typer.Option("--gamma", help="sb: weight of the sparsity penalty.", rich_help_panel=METHOD, show_default=False)] = None,

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 
 from sbcli import __version__
 from sbcli.learner import LearnerState
-from sbcli.metrics import summary
+from sbcli.metrics import history_summary
 
 METHOD_NAMES = {
     "sb": "Split-and-Bridge (Kim & Choi, AAAI 2021)",
@@ -61,7 +61,7 @@ def accuracy_table(history: Iterable[dict]) -> str:
 
 
 def summary_line(history: list[dict]) -> str:
-    s = summary([h["metrics"]["overall"] for h in history], [h["metrics"]["per_task"] for h in history])
+    s = history_summary(history)
     return (f"Average incremental accuracy {_pct(s['avg_incremental_2_to_T'])} % over steps 2..T (the paper's), "
             f"{_pct(s['avg_incremental_1_to_T'])} % over 1..T; last step {_pct(s['last'])} %; "
             f"forgetting {_pct(s['forgetting'])} points.")

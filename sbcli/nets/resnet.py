@@ -23,8 +23,10 @@ from sbcli.nets.layers import MaskedConv2d, MaskedLinear
 class PartitionedLayer:
     """One tensor of the partitioned top: which channel sets its input and output belong to.
 
-    ``in_set`` / ``out_set`` name a channel set (e.g. ``"s3"``, ``"b0.mid"``, ``"feat"``,
-    ``"classes"``); every layer sharing a set shares its old/new split.
+    ``in_set`` / ``out_set`` name a channel set: ``"in"`` (the partitioned stage's input),
+    ``"b<i>.mid"`` (inside block i), ``"b<i>.out"`` (block i's output where it has a shortcut
+    convolution) and ``"classes"`` (the head's rows); every layer sharing a set shares its
+    old/new split.
     """
 
     name: str
