@@ -35,6 +35,7 @@ from sbcli.device import (
 )
 from sbcli.errors import ConfigError
 from sbcli.schedule import PhaseSchedule
+from sbcli.selection import PhaseSelection, Validator
 
 
 @dataclass(frozen=True)
@@ -53,8 +54,12 @@ class TrainConfig:
     precision: str = "auto"  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
     warmup_epochs: float = 0.0  # linear lr warm-up at the start of every phase (sbcli.schedule); 0: the paper's
     zero_init_residual: bool = False  # last BN of each residual block starts at 0 (each block the identity)
+    val_fraction: float = 0.0  # held out of each step's data to pick every phase's best epoch (sbcli.selection)
+    val_every: int = 0  # epochs between validation scores; 0: a fifth of the phase
 
     def __post_init__(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"--val-fraction {self.val_fraction} is outside [0, 1); e.g. 0.1 holds out a tenth.")
         if self.warmup_epochs < 0:
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs} is negative; give 0 (no warm-up) or more.")
         if self.precision not in PRECISIONS:
@@ -147,6 +152,7 @@ class Engine:
         self.augment_generator = self._augment_generator(seed)
         self.on_progress = on_progress
         self.task = 0
+        self.validator: Validator | None = None  # --val-fraction: set per step, picks each phase's best epoch
         self.channels_last = True
         self.autocast = uses_bf16(cfg.precision, device)
         self.precision = "bf16" if self.autocast else "fp32"  # as run, for the progress lines and the record
@@ -179,6 +185,7 @@ class Engine:
         student = self._compiled(distributed.data_parallel(model, self.device, self.dist))
         teacher = None if phase.teacher is None else self._compiled(phase.teacher.eval())
         start, seen, loss = time.perf_counter(), 0, float("nan")
+        selection = PhaseSelection.start(self.validator, model)
         for epoch in range(1, phase.epochs + 1):
             student.train()
             epoch_start = time.perf_counter()
@@ -193,10 +200,13 @@ class Engine:
             n = count * min(self.cfg.batch_size, len(data))  # over all ranks
             seen += n
             self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9))
+            if selection is not None:
+                selection.after_epoch(self, model, epoch, phase.epochs)
+        extra = {} if selection is None else selection.finish(model, phase.epochs)
         distributed.broadcast_module(model, self.dist)
         seconds = time.perf_counter() - start
         return PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9),
-                           precision=self.precision, processes=self.dist.world_size)
+                           precision=self.precision, processes=self.dist.world_size, extra=extra)
 
     def _step(self, student: nn.Module, teacher: nn.Module | None, model: nn.Module, data: DeviceData,
               idx: torch.Tensor, phase: Phase, opt: torch.optim.Optimizer) -> torch.Tensor:

@@ -18,6 +18,7 @@ RECIPE_KEYS = frozenset({
     "source", "test", "data_root", "image_size", "tasks", "base", "increment", "classes", "order_seed", "class_order",
     "method", *METHOD_KEYS, "phase_epochs", "arch", "width", "epochs", "batch_size", "lr", "memory", "selection",
     "seed", "recipe_path", "warmup_epochs", "zero_init_residual", "pretrained", "pretrained_sha256",
+    "val_fraction", "val_every",
 })
 
 
@@ -63,7 +64,8 @@ def build_options(given: dict, defaults: dict):
                           classes=o.get("classes"))
     train = TrainConfig(epochs=o["epochs"], batch_size=o["batch_size"], lr=o["lr"], compile=o.get("compile", False),
                         precision=o.get("precision", "auto"), warmup_epochs=o.get("warmup_epochs", 0.0),
-                        zero_init_residual=o.get("zero_init_residual", False))
+                        zero_init_residual=o.get("zero_init_residual", False),
+                        val_fraction=o.get("val_fraction") or 0.0, val_every=o.get("val_every") or 0)
     run = RunOptions(method=o["method"], method_options=method_options, arch=o["arch"], width=o["width"], train=train,
                      memory=o["memory"], selection=o["selection"], seed=o["seed"], device=o.get("device", "auto"),
                      pretrained=o.get("pretrained"), pretrained_sha256=o.get("pretrained_sha256"))
