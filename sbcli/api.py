@@ -16,6 +16,7 @@ import torch
 from sbcli import __version__, distributed
 from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
+from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from sbcli.data.imageset import ImageSet
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.data.shaping import only_classes, open_sized, resize_opened, with_image_size
@@ -101,6 +102,11 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     out = Path(out)
     device = _check_run(run)
     _check_out(out, resume)
+    weights = None
+    if run.pretrained and not resume:  # fetched and checked before any data is read
+        from sbcli import pretrained
+
+        weights = pretrained.load(run.pretrained, run.arch, run.width, sha256=run.pretrained_sha256)
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
     opened = open_spec(spec)
@@ -113,10 +119,17 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
         if learner.state.plan != plan:
             raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
     else:
-        norm = opened.norm or compute_normalization(opened.train.images)
+        # pretrained backbones expect the statistics they were trained with: ImageNet's
+        norm = Normalization(IMAGENET_MEAN, IMAGENET_STD) if weights else (opened.norm or compute_normalization(opened.train.images))
         state = _new_state(run, spec.get("image_size") or spec_image_size(spec), norm.to_json(), plan, spec["kind"])
         torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
-        model = create_model(run.arch, scenario.sizes[0], run.width).to(device)
+        model = create_model(run.arch, scenario.sizes[0], run.width, run.train.zero_init_residual)
+        if weights is not None:
+            from sbcli import pretrained
+
+            pretrained.apply(model, weights)
+            state.provenance["pretrained"] = weights.record
+        model = model.to(device)
         learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
     ordered = [names[c] for c in scenario.order]
     for step in range(learner.state.steps, len(scenario.sizes)):
@@ -177,7 +190,7 @@ def load_test_sets(learner: Learner) -> ImageSet:
 
 
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
-             epochs: int | None = None, method: str | None = None,
+             epochs: int | None = None, method: str | None = None, warmup_epochs: float | None = None,
              on_progress: ProgressFn | None = None) -> StepSummary:
     """Learn the classes of ``folder`` (class-per-folder) as a new task of the learner at ``learner_dir``.
 
@@ -189,6 +202,8 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     if method is not None and method != learner.state.method:
         raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {method}; "
                           f"drop --method or start a new learner with `sb train --method {method}`.")
+    if warmup_epochs is not None and warmup_epochs < 0:
+        raise ConfigError(f"--warmup-epochs {warmup_epochs} is negative; give 0 (no warm-up) or more.")
     spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=learner.state.image_size,
                         data_root=None, download=False)
     if spec["kind"] != "folder":
@@ -200,6 +215,8 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
         raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
     if epochs is not None:
         learner.state.train_config["epochs"] = epochs
+    if warmup_epochs is not None:  # recorded: later steps keep it
+        learner.state.train_config["warmup_epochs"] = warmup_epochs
     old_test = load_test_sets(learner) if learner.state.tasks else None
     names = learner.state.class_names + new
     train_set = relabel(opened.train, names, new)

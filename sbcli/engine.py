@@ -1,7 +1,8 @@
 """The one training loop. A method describes its phases; the engine runs them.
 
 Per phase: a fresh SGD (Nesterov) optimiser, a multi-step schedule whose milestones scale with
-the phase's epochs (60/120/160 of 200 by default), batches drawn by permutation from
+the phase's epochs (60/120/160 of 200 by default) after an optional linear warm-up
+(:mod:`sbcli.schedule`), batches drawn by permutation from
 device-resident uint8 images, augmentation on the device, the teacher's forward in the same
 step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autocast wherever the
 device computes in bf16 natively (see :func:`native_bf16`; ``TrainConfig.precision`` overrides it),
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from sbcli import distributed
+from sbcli import distributed, schedule
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.device import (
     PRECISIONS,
@@ -34,6 +35,8 @@ from sbcli.device import (
     uses_bf16,
 )
 from sbcli.errors import ConfigError
+from sbcli.schedule import PhaseSchedule
+from sbcli.selection import PhaseSelection, Validator
 
 
 @dataclass(frozen=True)
@@ -57,8 +60,16 @@ class TrainConfig:
     eval_batch_size: int = 1024
     precision: str = "auto"  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
     threads: int | None = None  # CPU compute threads while training and evaluating; None: torch's default
+    warmup_epochs: float = 0.0  # linear lr warm-up at the start of every phase (sbcli.schedule); 0: the paper's
+    zero_init_residual: bool = False  # last BN of each residual block starts at 0 (each block the identity)
+    val_fraction: float = 0.0  # held out of each step's data to pick every phase's best epoch (sbcli.selection)
+    val_every: int = 0  # epochs between validation scores; 0: a fifth of the phase
 
     def __post_init__(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"--val-fraction {self.val_fraction} is outside [0, 1); e.g. 0.1 holds out a tenth.")
+        if self.warmup_epochs < 0:
+            raise ConfigError(f"--warmup-epochs {self.warmup_epochs} is negative; give 0 (no warm-up) or more.")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
         if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
@@ -139,10 +150,11 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
                            weight_decay=cfg.weight_decay, fused=fused or None)
 
 
-def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int) -> torch.optim.lr_scheduler.MultiStepLR:
-    """Milestones at the configured fractions of the phase's epochs (60/120/160 of 200)."""
-    milestones = sorted({max(1, round(f * epochs)) for f in cfg.milestones})
-    return torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=cfg.lr_decay)
+def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int, batches_per_epoch: int) -> PhaseSchedule:
+    """Milestones at the configured fractions of the phase's epochs (60/120/160 of 200), after
+    ``cfg.warmup_epochs`` of linear warm-up."""
+    return schedule.make_schedule(opt, cfg.lr, cfg.milestones, cfg.lr_decay, epochs, batches_per_epoch,
+                                  cfg.warmup_epochs)
 
 
 class Engine:
@@ -158,6 +170,7 @@ class Engine:
         self.augment_generator = self._augment_generator(seed)
         self.on_progress = on_progress
         self.task = 0
+        self.validator: Validator | None = None  # --val-fraction: set per step, picks each phase's best epoch
         self.channels_last = True
         self.autocast = uses_bf16(cfg.precision, device)
         self.precision = "bf16" if self.autocast else "fp32"  # as run, for the progress lines and the record
@@ -187,16 +200,19 @@ class Engine:
         """
         self._to_layout(model, phase.teacher)
         opt = make_optimizer(model, self.cfg, self.device)
-        sched = make_schedule(opt, self.cfg, phase.epochs)
+        sched = make_schedule(opt, self.cfg, phase.epochs, schedule.steps_per_epoch(len(data), self.cfg.batch_size,
+                                                                                 self.cfg.drop_last))
         student = self._compiled(distributed.data_parallel(model, self.device, self.dist))
         teacher = None if phase.teacher is None else self._compiled(phase.teacher.eval())
         start, seen, loss = time.perf_counter(), 0, float("nan")
+        selection = PhaseSelection.start(self.validator, model)
         for epoch in range(1, phase.epochs + 1):
             student.train()
             epoch_start = time.perf_counter()
             total, count = torch.zeros((), device=self.device), 0
             for batch in data.batch_indices(self.cfg.batch_size, self.generator, self.cfg.drop_last):
                 idx = distributed.shard(batch, self.dist)
+                sched.before_step()
                 total += self._step(student, teacher, model, data, idx, phase, opt).detach()
                 count += 1
             sched.step()
@@ -204,10 +220,13 @@ class Engine:
             n = count * min(self.cfg.batch_size, len(data))  # over all ranks
             seen += n
             self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9))
+            if selection is not None:
+                selection.after_epoch(self, model, epoch, phase.epochs)
+        extra = {} if selection is None else selection.finish(model, phase.epochs)
         distributed.broadcast_module(model, self.dist)
         seconds = time.perf_counter() - start
         return PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9),
-                           precision=self.precision, processes=self.dist.world_size)
+                           precision=self.precision, processes=self.dist.world_size, extra=extra)
 
     def _step(self, student: nn.Module, teacher: nn.Module | None, model: nn.Module, data: DeviceData,
               idx: torch.Tensor, phase: Phase, opt: torch.optim.Optimizer) -> torch.Tensor:

@@ -18,6 +18,7 @@ from sbcli.config import PHASE_EPOCHS, build_options, engine_keys, method_keys, 
 from sbcli.data.device import DeviceData
 from sbcli.engine import TrainConfig, make_optimizer, make_schedule
 from sbcli.errors import ConfigError
+from sbcli.schedule import steps_per_epoch
 
 ZOO_RECIPES = Path(__file__).resolve().parents[1] / "zoo" / "recipes"
 
@@ -48,7 +49,7 @@ def test_engine_settings_from_the_command_line_reach_the_train_config():
     _, run, _ = build_options(given)
     assert run.train == TrainConfig(epochs=4, batch_size=64, lr=0.1, momentum=0.5, nesterov=False, weight_decay=1e-3,
                                     milestones=(0.5, 0.75), lr_decay=0.2, drop_last=False, threads=1,
-                                    eval_batch_size=64)
+                                    eval_batch_size=64, warmup_epochs=1.0, zero_init_residual=True)
 
 
 def test_method_settings_from_the_command_line_reach_the_method_config():
@@ -95,9 +96,10 @@ def test_the_optimiser_and_schedule_follow_the_settings():
     opt = make_optimizer(model, cfg, torch.device("cpu"))
     group = opt.param_groups[0]
     assert (group["nesterov"], group["momentum"], group["weight_decay"]) == (False, 0.8, 0.01)
-    sched = make_schedule(opt, cfg, epochs=10)
+    sched = make_schedule(opt, cfg, epochs=10, batches_per_epoch=1)
     lrs = []
     for _ in range(10):
+        sched.before_step()
         lrs.append(opt.param_groups[0]["lr"])
         opt.step()
         sched.step()
@@ -108,6 +110,7 @@ def test_drop_last_decides_whether_the_partial_batch_trains():
     data = DeviceData(torch.zeros(10, 3, 4, 4, dtype=torch.uint8), torch.zeros(10, dtype=torch.int64))
     sizes = {drop: [len(b) for b in data.batch_indices(4, torch.Generator().manual_seed(0), drop)] for drop in (True, False)}
     assert sizes == {True: [4, 4], False: [4, 4, 2]}
+    assert [steps_per_epoch(10, 4, drop) for drop in (True, False)] == [2, 3]  # the warm-up counts the same steps
 
 
 def test_cli_settings_are_recorded_in_the_learner(color_data, tmp_path, one_thread):

@@ -32,4 +32,17 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool)
     if ablation is not None:
         render.OUT.print(ablation)
     render.OUT.print(render.summary_table(result))
+    render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
     render.OUT.print(f"Learner saved to {out}; add classes with `sb add-task {out} FOLDER --test FOLDER`.")
+
+
+def closing_line(history: list[dict]) -> str:
+    """What the last step's numbers mean, in one line: against chance, and old classes against new ones."""
+    last, seen = history[-1]["metrics"], history[-1]["num_classes"]
+    new = seen - (history[-2]["num_classes"] if len(history) > 1 else 0)
+    text = (f"After step {len(history)}: {last['overall']:.1f} % of the test images right over all {seen} classes "
+            f"seen (chance {100 / seen:.1f} %)")
+    if len(history) == 1 or last["old"] != last["old"]:  # one task, or no old-class test images
+        return text + "."
+    return (f"{text}; {last['old']:.1f} % on the {seen - new} old classes (what was kept), {last['new']:.1f} % "
+            f"on the {new} new ones (what was learned).")

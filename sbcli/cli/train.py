@@ -14,6 +14,8 @@ from sbcli.cli._options import (
     OUT,
     FirstTaskRulesOpt,
     JsonOpt,
+    PretrainedHashOpt,
+    PretrainedOpt,
     TestOpt,
     with_run_options,
 )
@@ -26,6 +28,13 @@ EPILOG = """Examples:
 
   sb train ./photos/train --test ./photos/val --out my-learner
 """
+
+def defaults_for(source: str | None) -> dict:
+    """A source's defaults; they live in :func:`sbcli.config.defaults_for` (this name is kept for its callers)."""
+    from sbcli.config import defaults_for as config_defaults
+
+    return config_defaults(source)
+
 
 @friendly_errors
 @with_run_options
@@ -52,6 +61,8 @@ def train(
     aux_head_rules: Annotated[Optional[bool], typer.Option("--aux-head-rules/--no-aux-head-rules", help="dd: train the temporary network with step 1's head rules (default off: plain CE).", rich_help_panel=METHOD, show_default=False)] = None,
     wa_clip: Annotated[Optional[bool], typer.Option("--wa-clip/--no-wa-clip", help="std, dd with --inference wa: clip negative head weights in every step, as WA's authors (default off: step 1 only, as S&B's code).", rich_help_panel=METHOD, show_default=False)] = None,
     nme_flips: Annotated[Optional[bool], typer.Option("--nme-flips/--no-nme-flips", help="std --inference icarl: class means over the exemplars and their flips (default on, iCaRL's code; off: PyCIL).", rich_help_panel=METHOD, show_default=False)] = None,
+    pretrained: PretrainedOpt = None,
+    pretrained_sha256: PretrainedHashOpt = None,
     json_out: JsonOpt = False,
     **run_options: Any,
 ) -> None:

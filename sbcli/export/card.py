@@ -74,6 +74,7 @@ def settings_block(state: LearnerState, inference: str, exemplars: int) -> str:
         f"- method: `{state.method}`: {METHOD_NAMES.get(state.method, state.method)}",
         f"- inference: `{inference}`: {INFERENCE_NAMES.get(inference, inference)}",
         f"- network: {state.arch}, width x{state.width}, input {state.image_size}x{state.image_size} RGB",
+        *([f"- pretrained backbone: `{json.dumps(state.provenance['pretrained'])}`"] if "pretrained" in state.provenance else []),
         f"- normalisation: mean {norm['mean']}, std {norm['std']}",
         f"- method hyperparameters: `{json.dumps(state.method_config)}`",
         f"- training: `{json.dumps(state.train_config)}`",
