@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from sbcli import __version__, distributed
+from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from sbcli.data.imageset import ImageSet
@@ -34,38 +34,21 @@ ProgressFn = Callable[[ProgressEvent], None]
 StepFn = Callable[[StepSummary], None]
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """Everything a run is configured with, built once at the boundary (the CLI)."""
+def options(source: str | None = None, *, recipe: str | None = None, **settings: Any) -> tuple[SequenceOptions, RunOptions]:
+    """The sequence and run that ``sb train SOURCE [--recipe RECIPE] [--SETTING VALUE ...]`` would use.
 
-    method: str = "sb"
-    method_options: dict[str, Any] = field(default_factory=dict)
-    arch: str = "resnet18"
-    width: float = 1.0
-    train: TrainConfig = TrainConfig()
-    memory: int = 2000
-    selection: str = "random"
-    seed: int = 0
-    device: str = "auto"
-    pretrained: str | None = None  # Hub repo OWNER/NAME[@REVISION] or a .safetensors file (sbcli.pretrained)
-    pretrained_sha256: str | None = None
+    The same per-source defaults, recipes and names as the CLI (:mod:`sbcli.config`), e.g.
+    ``options("cifar100", recipe="paper-10", epochs=3, weight_decay=1e-4)``.
 
-
-@dataclass(frozen=True)
-class SequenceOptions:
-    """What to learn: a source, its class order and its cut into tasks."""
-
-    source: str | None = None
-    test: str | None = None
-    data_root: str | None = None
-    download: bool = False
-    image_size: int | None = None
-    tasks: int | None = None
-    base: int | None = None
-    increment: int | None = None
-    order_seed: int | None = 0
-    class_order: list[int] | None = None
-    classes: int | None = None  # keep only the first N classes of the class order (a smaller benchmark)
+    Raises:
+        ConfigError: a setting that no run takes, or a value that is refused.
+    """
+    unknown = sorted(set(settings) - known_keys())
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a setting of a run; "
+                          f"known: {', '.join(sorted(known_keys()))}.")
+    seq, run, _ = build_options({"source": source, "recipe": recipe, **settings})
+    return seq, run
 
 
 def _check_run(run: RunOptions) -> torch.device:
@@ -73,8 +56,6 @@ def _check_run(run: RunOptions) -> torch.device:
         raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
     if run.width <= 0:
         raise ConfigError("--width must be positive (e.g. 0.25 for a quarter-width network).")
-    if run.train.epochs < 1 or run.train.batch_size < 1:
-        raise ConfigError("--epochs and --batch-size must be at least 1.")
     build_config(run.method, run.method_options)
     ExemplarMemory(run.memory, run.selection, run.seed)
     return resolve_device(run.device)
