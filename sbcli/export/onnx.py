@@ -133,7 +133,8 @@ class HalfModel(nn.Module):
 
     def __init__(self, model: ServingModel) -> None:
         super().__init__()
-        self.model = copy.deepcopy(model).half().eval()
+        self.model = copy.deepcopy(model).half()
+        self.eval()
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.model(images.to(torch.float16)).float()
