@@ -153,7 +153,10 @@ async def _multipart(request: Request, body: bytes, max_images: int, max_bytes: 
     try:
         form = await Request(request.scope, replay).form(max_files=max_images, max_fields=16, max_part_size=max_bytes)
     except Exception as err:  # Starlette raises HTTPException / MultiPartException for malformed bodies
-        raise HTTPError(400, f"The multipart body cannot be read ({getattr(err, 'detail', err)}).") from err
+        detail = str(getattr(err, "detail", err)).rstrip(".")
+        if "Too many files" in detail:
+            raise HTTPError(413, f"The request holds more than the {max_images} images this server accepts.") from err
+        raise HTTPError(400, f"The multipart body cannot be read ({detail}).") from err
     images, options = [], {}
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(form.close)
