@@ -141,7 +141,7 @@ def test_predict_on_an_onnx_file_imports_neither_torch_nor_the_api(served) -> No
             "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') or m == 'sbcli.api')\n"
             "print('IMPORTED', bad, file=sys.stderr)")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    res = subprocess.run([sys.executable, "-c", code, str(served["onnx"]), str(served["images"])], env=env,
+    res = subprocess.run([sys.executable, "-c", code, str(served["onnx"]), str(served["images"])], check=False, env=env,
                          capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["provider"] == "cpu" and len(json.loads(res.stdout)["predictions"]) == 8

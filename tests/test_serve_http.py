@@ -24,14 +24,13 @@ import onnx
 import pytest
 import uvicorn
 from PIL import Image
+from test_onnx_export import make_learner
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app
 from sbcli.export import onnx as onnx_export
 from sbcli.serve.app import ServeConfig, Server, create_app
 from sbcli.serve.predict import predict
-
-from test_onnx_export import make_learner
 
 TIMEOUT = 20
 

@@ -16,6 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from PIL import Image, ImageOps
+from test_onnx_export import make_learner
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app
@@ -24,8 +25,6 @@ from sbcli.export import onnx as onnx_export
 from sbcli.serve import preprocess
 from sbcli.serve.model import open_onnx
 from sbcli.serve.predict import predict
-
-from test_onnx_export import make_learner
 
 REAL_TINY = Path(__file__).resolve().parents[2] / "shared" / "data" / "tiny-imagenet-100.zip"
 SIZE = 32  # the Tiny-ImageNet JPEGs are 64 px: every one is resized

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import onnxruntime
 import pytest
+from test_onnx_export import make_learner
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app
@@ -16,8 +17,6 @@ from sbcli.errors import ConfigError, ExportError
 from sbcli.export import onnx as onnx_export
 from sbcli.serve import providers
 from sbcli.serve.model import open_onnx
-
-from test_onnx_export import make_learner
 
 TRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
 
