@@ -10,8 +10,9 @@ each on its own keep-alive connection, send one PNG image per ``POST /predict`` 
 ``--requests`` are answered or ``--max-seconds`` pass (bounded in count and time). In the middle of
 the run the served file is replaced by a copy whose class names differ (as ``sb export -o`` does),
 so the server reloads under load; the run then counts the failed requests (any non-200) and
-which model versions answered. The baselines run in this process on the same images: onnxruntime
-one image per call (decode included, as a server would), then in batches of ``--max-batch-size``.
+which model versions answered. The baselines run in this process on the same images, before and
+after the HTTP run (a shared machine's load changes): onnxruntime one image per call (decode
+included, as a server would), then in batches of ``--max-batch-size``.
 Latencies are per request as the client sees them; p50/p99 are over all requests. Clients and the
 server share this machine's CPUs, so on a small VM the HTTP numbers include the clients' own cost.
 """
@@ -207,6 +208,7 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(30)
+        after = in_process(served, images, args.max_batch_size, min(args.requests, 400))  # the machine may have changed
     p50, p99 = percentiles(run["latencies"]) if run["latencies"] else (float("nan"), float("nan"))
     print(f"model: {arch}, {classes} classes, {size}x{size} input; "
           f"{os.cpu_count()} CPUs; sb serve --workers {args.workers} --max-batch-size {args.max_batch_size} "
@@ -215,8 +217,9 @@ def main() -> None:
     print("| path | images/s | p50 ms | p99 ms |")
     print("|---|---:|---:|---:|")
     print(f"| sb serve over HTTP ({args.clients} clients, loopback) | {run['answered'] / run['wall']:.0f} | {p50:.1f} | {p99:.1f} |")
-    for name, (rate, b50, b99) in baseline.items():
-        print(f"| {name} | {rate:.0f} | {b50:.1f} | {b99:.1f} |")
+    for when, rows in (("before", baseline), ("after", after)):
+        for name, (rate, b50, b99) in rows.items():
+            print(f"| {name} ({when}) | {rate:.0f} | {b50:.1f} | {b99:.1f} |")
     print()
     print(f"answered {run['answered']} of {args.requests} requests in {run['wall']:.1f} s; failed: {len(run['failures'])}; "
           f"answers by model version: {dict(sorted(run['versions'].items()))}"
