@@ -19,7 +19,7 @@ EPILOG = """Examples:
 
   sb serve my-learner --workers 2 --provider cpu                      # reloads when a new step is saved
 
-Routes: POST /predict (multipart files, JSON {"images": [base64, ...]} or a raw image body; ?top_k=N),
+Routes: POST /predict (multipart files, JSON {"images": \\[base64, ...]} or a raw image body; ?top_k=N),
 GET /health, GET /metadata.
 """
 
