@@ -205,6 +205,9 @@ def main() -> None:
             wait_ready(port, proc, 120)
             load(port, images, args.clients, min(args.clients * 4, args.requests), args.max_seconds, None)  # warm-up
             run = load(port, images, args.clients, args.requests, args.max_seconds, (served, staged) if staged else None)
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+            conn.request("GET", "/metadata")
+            batching = json.loads(conn.getresponse().read())["batching"]  # one worker's counters
         finally:
             proc.terminate()
             proc.wait(30)
@@ -224,6 +227,8 @@ def main() -> None:
     print(f"answered {run['answered']} of {args.requests} requests in {run['wall']:.1f} s; failed: {len(run['failures'])}; "
           f"answers by model version: {dict(sorted(run['versions'].items()))}"
           + ("" if staged is None else " (the file was replaced half-way: version 2 is the reloaded model)"))
+    print(f"batching (one worker's counters since it started, warm-up included): {batching['images']} images "
+          f"in {batching['batches']} model calls, mean batch {batching['mean_batch']:.1f}, largest {batching['largest']}")
     for failure in run["failures"][:5]:
         print(f"  failure: {failure}")
 

@@ -288,3 +288,17 @@ def test_http_client_sees_keepalive_connections_survive_a_bad_request(model: Pat
         res = conn.getresponse()
         assert res.status == 200 and json.loads(res.read())["predictions"]
         conn.close()
+
+
+def test_a_failing_model_is_a_500_and_the_server_goes_on(model: Path) -> None:
+    with running(ServeConfig(str(model), reload_interval_s=0)) as (url, server):
+        good = server.loaded.model.scores
+
+        def broken(images: np.ndarray) -> np.ndarray:
+            raise RuntimeError("boom")
+
+        server.loaded.model.scores = broken
+        status, res = call(f"{url}/predict", png(1), "image/png")
+        assert status == 500 and "The model failed on this request (RuntimeError)" in res["error"]
+        server.loaded.model.scores = good
+        assert call(f"{url}/predict", png(1), "image/png")[0] == 200

@@ -232,6 +232,10 @@ def create_app(server: Server) -> Starlette:
             scores = await asyncio.gather(*(server.batcher.submit(model, x) for x in batch))
         except HTTPError as err:
             return JSONResponse({"error": str(err)}, status_code=err.status)
+        except Exception as err:  # the model itself failed: logged with its traceback, answered as a 500
+            logger.exception("The model failed on a request")
+            return JSONResponse({"error": f"The model failed on this request ({type(err).__name__}); see the server log."},
+                                status_code=500)
         predictions = rank(np.stack(scores), model.class_names, k, [name for name, _ in images])
         return JSONResponse({"model_version": loaded.version, "provider": model.provider,
                              "predictions": [p.to_json() for p in predictions]})
