@@ -61,6 +61,8 @@ def export(
         raise typer.BadParameter(f"'{format_}' is not a format; choose one of: {', '.join(FORMATS)}.", param_hint="--format")
     result: dict = {}
     if format_ == "triton":
+        if to_hub is not None:
+            raise typer.BadParameter("--format triton writes a local model repository; push with --format onnx.", param_hint="--to-hub")
         _triton(learner, out, half, opset, json_out)
         return
     if to_hub is None or out is not None:
