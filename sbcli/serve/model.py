@@ -160,7 +160,7 @@ def open_onnx(path: Path, provider: str = "auto", threads: int | None = None) ->
 
 def open_learner(path: Path, device: str = "auto") -> TorchClassifier:
     """A learner directory in PyTorch on ``device`` (imports torch)."""
-    from sbcli.api import resolve_device
+    from sbcli.device import resolve_device
     from sbcli.export.onnx import serving_model
     from sbcli.learner import Learner
 
