@@ -253,7 +253,8 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
 # -- ways out: ONNX, the Hub, the zoo, serving (sbcli.export; optional extras loaded on use) --
 
 
-def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4) -> Any:
+def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, half: bool = False,
+                opset: int | None = None) -> Any:
     """Write the learner at ``learner_dir`` as one ONNX file, checked against PyTorch in onnxruntime.
 
     Returns an :class:`sbcli.export.onnx.OnnxReport` (path, size, parity: max abs diff, argmax agreement).
@@ -261,7 +262,20 @@ def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4) -> Any
     from sbcli.export.onnx import OnnxConfig
     from sbcli.export.onnx import export_onnx as write_onnx
 
-    return write_onnx(Learner.load(learner_dir, "cpu"), Path(out), OnnxConfig(tolerance=tolerance))
+    cfg = OnnxConfig(tolerance=tolerance, half=half, opset=opset)  # checks the opset before loading
+    return write_onnx(Learner.load(learner_dir, "cpu"), Path(out), cfg)
+
+
+def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half: bool = False,
+                  opset: int | None = None, max_batch_size: int = 64, max_queue_delay_us: int = 1000) -> Any:
+    """Write a Triton Inference Server model repository for the learner; returns a TritonReport."""
+    from sbcli.export.onnx import OnnxConfig
+    from sbcli.export.triton import TritonConfig
+    from sbcli.export.triton import export_triton as write_triton
+
+    cfg = OnnxConfig(half=half, opset=opset)
+    triton = TritonConfig(name=name or Path(learner_dir).resolve().name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us)
+    return write_triton(Learner.load(learner_dir, "cpu"), Path(out), cfg, triton)
 
 
 def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,
