@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Optional
-
 import typer
 
 from sbcli import __version__
-from sbcli.cli import add_task, bench, evaluate, export, predict, pull, train
+from sbcli.cli import add_task, bench, evaluate, export, predict, pull, serve, train
 
 app = typer.Typer(
     name="sb",
@@ -18,18 +16,6 @@ app = typer.Typer(
 )
 
 
-@app.callback()
-def _global_options(
-    threads: Annotated[Optional[int], typer.Option(
-        "--threads", envvar="SBCLI_THREADS", min=1, max=1024, show_default=False,
-        help="CPU compute threads (default: one per core). Give it before the command: sb --threads 1 train ...")] = None,
-) -> None:
-    """Grow an image classifier class set by class set with Split-and-Bridge (and its baselines)."""
-    from sbcli.threads import use_threads
-
-    use_threads(threads)
-
-
 app.command("train", epilog=train.EPILOG)(train.train)
 app.command("add-task", epilog=add_task.EPILOG)(add_task.add_task)
 app.command("evaluate", epilog=evaluate.EPILOG)(evaluate.evaluate)
@@ -37,6 +23,7 @@ app.command("bench", epilog=bench.EPILOG)(bench.bench)
 app.command("export", epilog=export.EPILOG)(export.export)
 app.command("predict", epilog=predict.EPILOG)(predict.predict)
 app.command("pull", epilog=pull.EPILOG)(pull.pull)
+app.command("serve", epilog=serve.EPILOG)(serve.serve)
 
 
 @app.command("methods")
