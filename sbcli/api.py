@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 
 from sbcli import __version__, distributed, preflight
 from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
@@ -184,10 +185,10 @@ def save_from_main(learner: Learner, out: Path) -> None:
     if group.is_main:
         try:
             learner.save(out)
-        except OSError as err:
-            raise LearnerError(f"Could not save the learner to {out} ({err.strerror or err}: {err.filename}); what was "
-                               "saved there before is unchanged: free some space or fix the permissions and run "
-                               "the command again.") from err
+        except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
+            reason = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.strerror else str(err)
+            raise LearnerError(f"Could not save the learner to {out} ({reason}); what was saved there before is "
+                               "unchanged: free some space or fix the permissions and run the command again.") from err
     distributed.barrier(group)
 
 

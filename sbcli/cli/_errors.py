@@ -67,7 +67,8 @@ def describe(err: BaseException) -> str:
     if isinstance(err, json.JSONDecodeError):
         return f"A file that should be JSON is not ({_first_line(str(err))}); check the file."
     if type(err).__name__ == "SafetensorError":
-        return f"A safetensors file is malformed ({_first_line(str(err))}); restore it from a copy."
+        return (f"A safetensors file could not be read or written ({_first_line(str(err))}); check the disk "
+                "(free space, permissions) and the file.")
     return (f"Unexpected error ({type(err).__name__}: {_first_line(str(err))}); this is a bug in sbcli: "
             "run the command again with SBCLI_DEBUG=1 and report the traceback.")
 
