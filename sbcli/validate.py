@@ -15,6 +15,7 @@ A learner may come from anywhere (a pull, a copy, a crafted file), so nothing in
 * :func:`check_memory_tensors`: exemplar images uint8 at the training size, int64 labels in range.
 
 Each failure raises :class:`~sbcli.errors.LearnerError` naming the file and what is wrong.
+``read_safetensors`` lives in :mod:`sbcli.tensorfile` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -22,8 +23,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import struct
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -31,6 +30,9 @@ from typing import Any, cast
 import torch
 
 from sbcli.errors import LearnerError
+from sbcli.tensorfile import damaged as _damaged
+from sbcli.tensorfile import found as _found
+from sbcli.tensorfile import read_safetensors
 
 MAX_WIDTH = 4.0  # ResNet-18 at width 4: 180 M parameters (the paper uses 1.0)
 MAX_IMAGE_SIZE = 512
@@ -39,22 +41,12 @@ MAX_BUDGET = 10_000_000
 MAX_EPOCHS = 1_000_000
 MAX_BATCH = 1 << 20
 MAX_SEED = 1 << 40  # seed * 1000 + step must stay a valid torch seed
-MAX_HEADER_BYTES = 16 << 20  # a safetensors header of a learner is a few KiB
-MAX_DIMS = 8
-
-SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-    "BOOL": torch.bool,
-}
-RESTORE = "restore the learner from a copy or pull it again"
 EXTRA_PREFIX = "extra."
 
+__all__ = ["check_format_version", "check_memory_tensors", "check_model_tensors", "check_state_json",
+           "read_json", "read_safetensors"]
+
 Check = Callable[[Any], str | None]  # a value -> None when it is fine, else what is wrong with it
-
-
-def _damaged(where: Path | str, problem: str) -> LearnerError:
-    return LearnerError(f"{where} is damaged: {problem}; {RESTORE}.")
 
 
 # -- learner.json -----------------------------------------------------------------------------
@@ -71,14 +63,6 @@ def read_json(path: Path) -> object:
         raise _damaged(path, f"it is not UTF-8 text (byte {err.start})") from err
     except (ValueError, RecursionError) as err:  # JSONDecodeError, too many digits, nesting too deep
         raise _damaged(path, f"it is not valid JSON ({str(err).splitlines()[0][:120]})") from err
-
-
-def _found(value: Any) -> str:
-    kind = {bool: "true/false", str: "a string", list: "a list", dict: "an object", type(None): "null"}.get(type(value))
-    text = json.dumps(value, allow_nan=True) if not isinstance(value, (list, dict)) else ""
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return f"{kind} {text}".strip() if kind else text
 
 
 def check_format_version(data: object, where: Path | str) -> int:
@@ -323,97 +307,6 @@ def _cross_check(data: dict) -> str | None:
         if unknown:
             return f"tasks[{i}] names the class {unknown[0]!r}, which is not in class_names"
     return None
-
-
-# -- safetensors ------------------------------------------------------------------------------
-
-
-def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """Read a safetensors file without trusting it; tensors on the CPU.
-
-    Raises:
-        LearnerError: the file cannot be read, or its header, offsets or dtypes are malformed.
-        FileNotFoundError: the file is not there (the caller knows what that means for a learner).
-    """
-    path = Path(path)
-    try:
-        with path.open("rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            header, start = _read_header(f, size, path)
-            data = f.read(size - start)
-    except FileNotFoundError:
-        raise  # a reader that lost a race with a writer's commit reads learner.json again (sbcli.learner)
-    except OSError as err:
-        raise LearnerError(f"Could not read {path} ({err.strerror or err}); check its permissions.") from err
-    if len(data) != size - start:
-        raise _damaged(path, "it changed while it was being read")
-    entries = _entries(header, len(data), path)
-    tensors: dict[str, torch.Tensor] = {}
-    for name, (dtype, shape, begin, end) in entries.items():
-        if begin == end:
-            tensors[name] = torch.empty(shape, dtype=dtype)
-        else:
-            tensors[name] = torch.frombuffer(bytearray(data[begin:end]), dtype=dtype).reshape(shape)
-    return tensors
-
-
-def _read_header(f: Any, size: int, path: Path) -> tuple[dict, int]:
-    head = f.read(8)
-    if len(head) < 8:
-        raise _damaged(path, f"it is {size} bytes long, too short for a safetensors file")
-    (length,) = struct.unpack("<Q", head)
-    if length > MAX_HEADER_BYTES or 8 + length > size:
-        raise _damaged(path, f"its header claims {length} bytes but the file has {size} (truncated or not safetensors)")
-    raw = f.read(length)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise _damaged(path, "its header is not valid JSON (truncated or not safetensors)") from err
-    if not isinstance(header, dict):
-        raise _damaged(path, "its header is not a JSON object")
-    return header, 8 + length
-
-
-def _entries(header: dict, data_len: int, path: Path) -> dict[str, tuple[torch.dtype, list[int], int, int]]:
-    """Name -> (dtype, shape, begin, end), checked: known dtypes, sizes that match, an exact tiling of the data."""
-    entries = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
-                raise _damaged(path, "its __metadata__ is not a map of strings")
-            continue
-        entries[name] = _entry(name, info, path)
-    spans = sorted((begin, end, name) for name, (_, _, begin, end) in entries.items())
-    position = 0
-    for begin, end, name in spans:
-        if begin != position:
-            raise _damaged(path, f"the bytes of {name!r} start at {begin}, expected {position} (overlap or hole)")
-        position = end
-    if position != data_len:
-        raise _damaged(path, f"its tensors cover {position} bytes of the {data_len} the file holds")
-    return entries
-
-
-def _entry(name: str, info: object, path: Path) -> tuple[torch.dtype, list[int], int, int]:
-    if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-        raise _damaged(path, f"the header entry of {name!r} is not dtype, shape and data_offsets")
-    dtype = SAFETENSORS_DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
-    if dtype is None:
-        raise _damaged(path, f"{name!r} has the unknown dtype {_found(info['dtype'])}")
-    shape, offsets = info["shape"], info["data_offsets"]
-    if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_whole(d) for d in shape):
-        raise _damaged(path, f"{name!r} has the malformed shape {_found(shape)}")
-    if not isinstance(offsets, list) or len(offsets) != 2 or not all(_whole(o) for o in offsets) \
-            or offsets[0] > offsets[1]:
-        raise _damaged(path, f"{name!r} has the malformed data_offsets {_found(offsets)}")
-    numel = math.prod(shape)
-    if numel * dtype.itemsize != offsets[1] - offsets[0]:
-        raise _damaged(path, f"{name!r} is {shape} of {info['dtype']} but spans {offsets[1] - offsets[0]} bytes")
-    return dtype, shape, offsets[0], offsets[1]
-
-
-def _whole(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 1 << 62
 
 
 # -- tensors against learner.json -------------------------------------------------------------
