@@ -83,7 +83,7 @@ def _is_typer_control(err: BaseException) -> bool:
 def report(err: BaseException) -> int:
     """Print ``err`` as one line on stderr; the exit code to use."""
     if isinstance(err, KeyboardInterrupt):
-        ERR.print("[bold red]Interrupted[/]: nothing of the step in progress was saved.", highlight=False)
+        ERR.print("[bold red]Interrupted.[/]", highlight=False)
         return INTERRUPTED
     ERR.print(f"[bold red]Error:[/] {escape(describe(err))}", highlight=False, soft_wrap=True)
     return 1
