@@ -207,3 +207,10 @@ def test_a_diverging_add_task_leaves_the_learner_as_it_was(tiny, color_data, tmp
 
 def test_config_errors_are_still_sbcli_errors():
     assert issubclass(TrainingError, Exception) and not issubclass(TrainingError, ConfigError)
+
+
+def test_ctrl_c_is_one_word_and_exit_130(monkeypatch):
+    monkeypatch.delenv("SBCLI_DEBUG", raising=False)
+    with pytest.raises(typer.Exit) as exit_:
+        _raising(KeyboardInterrupt())()
+    assert exit_.value.exit_code == 130
