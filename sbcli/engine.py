@@ -75,8 +75,8 @@ class TrainConfig:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
         if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
             raise ConfigError("--epochs, --batch-size and --eval-batch-size must be at least 1.")
-        if self.lr <= 0 or self.momentum < 0 or self.weight_decay < 0 or not 0 < self.lr_decay <= 1:
-            raise ConfigError("--lr must be positive, --momentum and --weight-decay not negative, --lr-decay in (0, 1].")
+        if self.lr < 0 or self.momentum < 0 or self.weight_decay < 0 or not 0 < self.lr_decay <= 1:
+            raise ConfigError("--lr, --momentum and --weight-decay must not be negative, --lr-decay in (0, 1].")
         if self.nesterov and self.momentum == 0:
             raise ConfigError("Nesterov momentum needs --momentum above 0; give --momentum or --no-nesterov.")
         if not all(0 < f <= 1 for f in self.milestones):
