@@ -25,6 +25,8 @@ from sbcli.memory import ExemplarMemory
 from sbcli.methods import build_config
 from sbcli.metrics import summary
 from sbcli.nets import create_model, list_models
+from sbcli.plan import sequence_epochs
+from sbcli.results import write_results
 from sbcli.steps import StepSummary, evaluate_learner, learn_step
 
 ProgressFn = Callable[[ProgressEvent], None]
@@ -192,6 +194,7 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
         model = create_model(run.arch, scenario.sizes[0], run.width).to(device)
         learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
     ordered = [names[c] for c in scenario.order]
+    _announce_plan(on_progress, learner.state, scenario.sizes)
     for step in range(learner.state.steps, len(scenario.sizes)):
         torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
         new = [names[c] for c in scenario.tasks[step]]
@@ -214,6 +217,14 @@ def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], or
                       seen_train=lambda: relabel(opened.train, ordered, seen))
 
 
+def _announce_plan(on_progress: ProgressFn | None, state: LearnerState, sizes: list[int]) -> None:
+    """Tell a progress callback that has ``on_plan`` the planned epochs of the steps still to run (for ETAs)."""
+    on_plan = getattr(on_progress, "on_plan", None)
+    if on_plan is not None and distributed.is_main_process():
+        planned = sequence_epochs(state.method, state.method_config, state.train_config["epochs"], sizes, state.steps)
+        on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})  # task number -> epochs
+
+
 def _tuples(cfg: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
 
@@ -230,6 +241,7 @@ def save_from_main(learner: Learner, out: Path) -> None:
         [memory.images, memory.labels, learner.extra], group)
     if group.is_main:
         learner.save(out)
+        write_results(learner.state, out)
     distributed.barrier(group)
 
 
@@ -279,6 +291,7 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     parts = [p for p in (old_test, relabel(opened.test, names, new) if opened.test else None) if p is not None]
     test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else _empty(train_set)
     cfg = TrainConfig(**_tuples(learner.state.train_config))
+    _announce_plan(on_progress, learner.state, [*(learner.state.class_task.count(t) for t in range(learner.state.steps)), len(new)])
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
     step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": spec})
     save_from_main(learner, learner_dir)

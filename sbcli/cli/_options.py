@@ -29,3 +29,5 @@ SelectionOpt = Annotated[Optional[str], typer.Option("--selection", help="Exempl
 ClassesOpt = Annotated[Optional[int], typer.Option("--classes", help="Keep only the first N classes of the class order (a smaller benchmark).", rich_help_panel=DATA, show_default=False)]
 CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile the student and teacher once per phase (minutes to compile; for long GPU runs: no gain measured on CPU).", rich_help_panel=OPT)]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="auto (bf16 autocast where the device computes in bf16 natively: recent GPUs, CPUs with AVX-512 BF16 or AMX; float32 elsewhere), bf16 or fp32.", rich_help_panel=OPT)]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (results and errors only).", rich_help_panel=OUT)]
+LogOpt = Annotated[Optional[list[str]], typer.Option("--log", help="Also log to tensorboard or mlflow (repeat for both; extras of the same names).", rich_help_panel=OUT, show_default=False)]

@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sbcli.jsonutil import strict
+from sbcli.jsonutil import rounded, strict
 
 ERR = Console(stderr=True)
 OUT = Console(highlight=False)
@@ -40,14 +40,43 @@ def step_line(step: Any) -> None:
 
 
 def history_table(history: list[dict], title: str = "Accuracy after each step (%)") -> Table:
+    """One row per step: classes, accuracy, old, new, intra-old, intra-new (per task: :func:`matrix_table`)."""
     table = Table(title=title)
-    for col in ("step", "classes", "accuracy", "old", "new", "intra-old", "intra-new", "per task"):
-        table.add_column(col, justify="right" if col != "per task" else "left")
+    for col in ("step", "classes", "accuracy", "old", "new", "intra-old", "intra-new"):
+        table.add_column(col, justify="right")
     for h in history:
         m = h["metrics"]
         table.add_row(str(h["step"]), str(h["num_classes"]), fmt(m["overall"]), fmt(m["old"]), fmt(m["new"]),
-                      fmt(m["intra_old"]), fmt(m["intra_new"]), " ".join(fmt(v, 1) for v in m["per_task"]))
+                      fmt(m["intra_old"]), fmt(m["intra_new"]))
     return table
+
+
+def matrix_table(history: list[dict], now: list[float] | None = None) -> Table:
+    """The accuracy matrix: row t is after step t, column j the accuracy on task j's classes.
+
+    ``now``, when given, is a last row: the learner evaluated now (e.g. on another test folder).
+    """
+    rows = [(f"after {h['step']}", h["metrics"]["per_task"]) for h in history]
+    if now is not None:
+        rows.append(("now", now))
+    width = max((len(r) for _, r in rows), default=0)
+    table = Table(title="Accuracy matrix (%): rows after each step, columns the tasks' classes")
+    table.add_column("step", justify="left")
+    for j in range(width):
+        table.add_column(f"task {j + 1}", justify="right")
+    for name, row in rows:
+        table.add_row(name, *(fmt(v) for v in row), *([""] * (width - len(row))))
+    return table
+
+
+def closing_tables(history: list[dict], summary: dict) -> list[Table]:
+    """What `sb train`, `sb add-task` and `sb evaluate` end with: the steps, the S&B ablation, the summary."""
+    tables = [history_table(history)]
+    ablation = ablation_table(history)
+    if ablation is not None:
+        tables.append(ablation)
+    tables.append(summary_table(summary))
+    return tables
 
 
 def ablation_table(history: list[dict]) -> Table | None:
@@ -80,6 +109,14 @@ def summary_table(summary: dict) -> Table:
     return table
 
 
+def png_note(learner: Any) -> str:
+    """`` and accuracy.png`` when the learner directory has one (the plots extra draws it)."""
+    from pathlib import Path
+
+    return " and accuracy.png" if (Path(learner) / "accuracy.png").is_file() else ""
+
+
 def print_json(data: Any) -> None:
-    """Strict JSON on stdout: NaN (no value, e.g. intra-old at step 1) becomes null."""
-    OUT.out(json.dumps(strict(data), indent=2), highlight=False)
+    """Strict JSON on stdout: NaN (no value, e.g. intra-old at step 1) becomes null; percentages are
+    rounded to 2 decimals and seconds to 1 (:func:`sbcli.jsonutil.rounded`)."""
+    OUT.out(json.dumps(strict(rounded(data)), indent=2), highlight=False)

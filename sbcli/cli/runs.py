@@ -10,6 +10,7 @@ from typing import Any
 
 from sbcli.cli import render
 from sbcli.errors import ConfigError
+from sbcli.rundirs import output_dir
 
 METHOD_KEYS = ("inference", "rho", "sparsity", "gamma", "bn_reset")
 # What a recipe may set: the `sb train` options that describe an experiment (plus the class order
@@ -65,24 +66,30 @@ def build_options(given: dict, defaults: dict):
                         precision=o.get("precision", "auto"))
     run = RunOptions(method=o["method"], method_options=method_options, arch=o["arch"], width=o["width"], train=train,
                      memory=o["memory"], selection=o["selection"], seed=o["seed"], device=o.get("device", "auto"))
-    return seq, run, Path(o["out"])
+    return seq, run, output_dir(o.get("out"), bool(o.get("resume")), o["source"], o.get("recipe"))
 
 
 def _str(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool) -> None:
-    from sbcli import api, distributed
+def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool, quiet: bool = False,
+                 log: list[str] | None = None) -> None:
+    import dataclasses
+
+    from sbcli import api, distributed, loggers
+    from sbcli.cli import progress
     from sbcli.metrics import summary
 
-    every = max(1, run.train.epochs // 10)
-    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints
-    if main:
-        render.ERR.print(f"Training [bold]{run.method}[/] on {seq.source or 'demo'} → {out}", highlight=False)
-    with distributed.session(run.device):
-        learner = api.train(seq, run, out, resume=resume, on_progress=render.ProgressPrinter(every),
-                            on_step=render.step_line)
+    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
+    loggers.check_kinds(log or [])
+    reporter = progress.reporter(quiet or not main, every=max(1, run.train.epochs // 10))
+    with distributed.session(run.device), reporter:
+        if main and log:
+            options = {"sequence": dataclasses.asdict(seq), "run": dataclasses.asdict(run)}
+            reporter.open_logs = lambda: loggers.open_logs(log, out, options)
+        reporter.note(f"Training {run.method} on {seq.source or 'demo'} → {out}")
+        learner = api.train(seq, run, out, resume=resume, on_progress=reporter, on_step=reporter.step)
     if not main:
         return
     history = learner.state.history
@@ -90,9 +97,7 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool)
     if json_out:
         render.print_json({"learner": str(out), "history": history, "summary": result})
         return
-    render.OUT.print(render.history_table(history))
-    ablation = render.ablation_table(history)
-    if ablation is not None:
-        render.OUT.print(ablation)
-    render.OUT.print(render.summary_table(result))
-    render.OUT.print(f"Learner saved to {out}; add classes with `sb add-task {out} FOLDER --test FOLDER`.")
+    for table in render.closing_tables(history, result):
+        render.OUT.print(table)
+    render.OUT.print(f"Learner saved to {out} (with history.csv{render.png_note(out)}); "
+                     f"add classes with `sb add-task {out} FOLDER --test FOLDER`.")

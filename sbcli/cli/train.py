@@ -21,10 +21,12 @@ from sbcli.cli._options import (
     DownloadOpt,
     EpochsOpt,
     JsonOpt,
+    LogOpt,
     LrOpt,
     MemoryOpt,
     OrderSeedOpt,
     PrecisionOpt,
+    QuietOpt,
     SeedOpt,
     SelectionOpt,
     TestOpt,
@@ -60,7 +62,7 @@ def defaults_for(source: str | None) -> dict:
 def train(
     source: Annotated[Optional[str], typer.Argument(help="demo (default), cifar10, cifar100, tiny-imagenet, a Tiny-ImageNet zip/dir, or a class-per-folder directory.", show_default=False)] = None,
     test: TestOpt = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Learner directory to write.", rich_help_panel=OUT)] = Path("runs/learner"),
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Learner directory to write (default: a new runs/SOURCE, runs/SOURCE-2, ...).", rich_help_panel=OUT, show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sequence in --out from its last completed step.", rich_help_panel=OUT)] = False,
     data_root: DataRootOpt = None,
     download: DownloadOpt = False,
@@ -89,11 +91,13 @@ def train(
     precision: PrecisionOpt = "auto",
     seed: SeedOpt = None,
     device: DeviceOpt = "auto",
+    log: LogOpt = None,
+    quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Start a learner: learn a task sequence and save it after every step."""
     from sbcli.cli.runs import build_options, run_training
 
-    given = {k: v for k, v in locals().items() if k not in ("json_out",)}
+    given = {k: v for k, v in locals().items() if k not in ("json_out", "log", "quiet")}
     seq, run, out_dir = build_options(given, defaults_for(source))
-    run_training(seq, run, out_dir, resume=resume, json_out=json_out)
+    run_training(seq, run, out_dir, resume=resume, json_out=json_out, quiet=quiet, log=log or [])
