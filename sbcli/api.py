@@ -318,7 +318,7 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
     rows = [h["metrics"]["per_task"] for h in state.history]
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
             "test_images": len(test), "metrics": metrics.to_json(), "history": state.history,
-            "summary": summary(overall, rows)}
+            "accuracy_matrix": rows, "summary": summary(overall, rows)}
 
 
 # -- ways out: ONNX, the Hub, the zoo, serving (sbcli.export; optional extras loaded on use) --

@@ -214,14 +214,16 @@ def run_bench(plan: BenchPlan, out: Path, *, plots: bool = True, on_cell: CellFn
         seq, run = cell_options(plan, cell, kind)
         api.train(seq, run, cell.directory(out), resume=action == "resume", on_progress=on_progress, on_step=on_step)
         ran.append(cell)
-    table = collect(plan, out, kind)
+    table = {**collect(plan, out, kind), "ran": ran_on(plan)}
     files, notes = write_outputs(table, out, plots)
     return BenchResult(out, ran, skipped, table, files, notes)
 
 
 def cell_summary(history: list[dict]) -> dict:
-    """One cell's numbers: both averages, last, and the per-step curves (accuracy, intra-old/new)."""
+    """One cell's numbers: both averages, last, the per-step curves (accuracy, intra-old/new) and
+    what ran: the epochs each step trained (every phase) and the precision of its phases."""
     from sbcli.metrics import average_incremental
+    from sbcli.plan import actual_epochs
 
     overall = [h["metrics"]["overall"] for h in history]
     later = history[1:]
@@ -236,6 +238,8 @@ def cell_summary(history: list[dict]) -> dict:
         "old": _mean([h["metrics"]["old"] for h in later]),
         "new": _mean([h["metrics"]["new"] for h in later]),
         "seconds": round(sum(h.get("seconds", 0.0) for h in history), 1),
+        "epochs_per_step": actual_epochs(history),
+        "precision": sorted({p.get("precision", "fp32") for h in history for p in h.get("phases", [])}),
     }
 
 
@@ -254,7 +258,8 @@ def collect(plan: BenchPlan, out: Path, kind: str) -> dict:
         for tasks in plan.task_counts:
             directory = Cell(name, tasks).directory(out)
             if steps_done(directory) >= tasks:
-                row["cells"][str(tasks)] = cell_summary(read_state(directory).history)
+                state = read_state(directory)
+                row["cells"][str(tasks)] = {**cell_summary(state.history), "rho": state.method_config.get("rho")}
         rows.append(row)
     return {"dataset": kind, "task_counts": list(plan.task_counts), "budget": plan.budget(), "methods": rows,
             "paper": paper_numbers(kind, plan.methods, plan.task_counts)}
@@ -294,10 +299,11 @@ def table_markdown(table: dict) -> str:
              f"Budget: {run['arch']} width {run['width']}, {_epochs(run['train']['epochs'])} a phase, batch "
              f"{run['train']['batch_size']}, lr {run['train']['lr']}, memory {run['memory']} ({run['selection']}), "
              f"classes {seq['classes'] or 'all'}, image size {seq['image_size'] or 'native'}, seed {run['seed']}, "
-             f"class order seed {seq['order_seed']}.", "",
+             f"class order {class_order_text(seq['order_seed'])}, precision {run['train'].get('precision', 'auto')}"
+             f"{threads_text(table)}.", "",
              "## Steps 2..T (the paper's Table 1 metric)", "", *_grid(table, "avg_2_to_T"), "",
              "## Steps 1..T", "", *_grid(table, "avg_1_to_T"), "",
-             "## Accuracy after the last step", "", *_grid(table, "last"), ""]
+             "## Accuracy after the last step", "", *_grid(table, "last"), "", *what_ran(table)]
     if table.get("paper"):
         heads = [f"{t} tasks" for t in table["task_counts"]]
         lines += ["## The paper's Table 1 (steps 2..T; ResNet-18, memory 2000, 200 epochs a phase)", "",
@@ -307,6 +313,79 @@ def table_markdown(table: dict) -> str:
             lines.append(f"| {row['label']} | " + " | ".join(_fmt(paper.get(str(t))) for t in table["task_counts"]) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def class_order_text(order_seed: int | None) -> str:
+    """``seed 0``, or the dataset's own order for ``--order-seed -1`` (stored as None)."""
+    return "as in the dataset (--order-seed -1)" if order_seed is None else f"seed {order_seed}"
+
+
+def threads_text(table: dict) -> str:
+    ran = table.get("ran") or {}
+    return f" (this run: {ran['precision']} on {ran['device']}, {ran['threads']} threads)" if ran else ""
+
+
+def epochs_text(epochs: list[int]) -> str:
+    """``4, 12×4``: each step's epochs, repeats folded."""
+    parts: list[list[int]] = []
+    for e in epochs:
+        if parts and parts[-1][0] == e:
+            parts[-1][1] += 1
+        else:
+            parts.append([e, 1])
+    return ", ".join(f"{e}×{n}" if n > 1 else str(e) for e, n in parts)
+
+
+def what_ran(table: dict) -> list[str]:
+    """A section per finished cell: total epochs of each step (every phase), S&B's rho, the precision."""
+    lines = ["## What ran", "", "Epochs per step count every phase (S&B's later steps train A, B and C).", "",
+             "| method | tasks | epochs per step | rho | precision |", "|---|---:|---|---:|---|"]
+    for row in table["methods"]:
+        for tasks in table["task_counts"]:
+            cell = row["cells"].get(str(tasks))
+            if cell is not None:
+                rho = "–" if cell.get("rho") is None else f"{cell['rho']:g}"
+                lines.append(f"| {row['label']} | {tasks} | {epochs_text(cell.get('epochs_per_step', []))} | {rho} | "
+                             f"{', '.join(cell.get('precision', [])) or '–'} |")
+    return [*lines, ""]
+
+
+def describe(plan: BenchPlan, kind: str) -> list[str]:
+    """What the grid will run, said before it starts: epochs per step of each row, rho, class order."""
+    from sbcli.methods import build_config
+    from sbcli.plan import sequence_epochs
+
+    lines = [f"Bench on {plan.seq.source or 'demo'} ({kind}): class order {class_order_text(plan.seq.order_seed)}, "
+             f"{plan.run.train.epochs} epochs a phase, {_ran_text(plan)}."]
+    for name in plan.methods:
+        parts = []
+        for tasks in plan.task_counts:
+            seq, run = cell_options(plan, Cell(name, tasks), kind)
+            options = dataclasses.asdict(build_config(run.method, run.method_options))
+            epochs = sequence_epochs(run.method, options, run.train.epochs, [1] * tasks)
+            rho = f", rho {options['rho']:g}" if run.method == "sb" else ""
+            if run.method == "sb" and plan.rho is None and tasks not in PAPER_RHO.get(kind, {}):
+                rho += " (the paper gives none here; --rho sets it)"
+            parts.append(f"T{tasks}: {epochs_text(epochs)}{rho}")
+        lines.append(f"  {name}: epochs per step " + "; ".join(parts))
+    return lines
+
+
+def ran_on(plan: BenchPlan) -> dict:
+    """Where this invocation trains: the device, its precision as resolved, and torch's CPU threads."""
+    import torch
+
+    from sbcli.api import resolve_device
+    from sbcli.engine import uses_bf16
+
+    device = resolve_device(plan.run.device)
+    precision = "bf16" if uses_bf16(plan.run.train.precision, device) else "fp32"
+    return {"device": str(device), "precision": precision, "threads": torch.get_num_threads()}
+
+
+def _ran_text(plan: BenchPlan) -> str:
+    ran = ran_on(plan)
+    return f"precision {plan.run.train.precision} ({ran['precision']} on {ran['device']}), {ran['threads']} threads"
 
 
 def write_outputs(table: dict, out: Path, plots: bool) -> tuple[list[Path], list[str]]:

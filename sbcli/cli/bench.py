@@ -25,6 +25,7 @@ from sbcli.cli._options import (
     MemoryOpt,
     OrderSeedOpt,
     PrecisionOpt,
+    QuietOpt,
     SeedOpt,
     SelectionOpt,
     WidthOpt,
@@ -104,22 +105,27 @@ def bench(
     seed: SeedOpt = None,
     device: DeviceOpt = "auto",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNG figures (needs matplotlib).", rich_help_panel=OUT)] = True,
+    quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Run a grid of methods x task counts with one budget (resumable); write Table 1 and Figures 3-5."""
-    from sbcli.bench import run_bench
-    from sbcli.cli import render
+    from sbcli.bench import dataset_kind, describe, run_bench
+    from sbcli.cli import progress, render
 
-    plan = build_plan({k: v for k, v in locals().items() if k not in ("out", "plots", "json_out")})
+    plan = build_plan({k: v for k, v in locals().items() if k not in ("out", "plots", "json_out", "quiet")})
+    reporter = progress.reporter(quiet, every=max(1, plan.run.train.epochs // 5))
 
     def on_cell(cell, index, count, action):
-        render.ERR.print(f"[bold]cell {index}/{count}[/]: {cell.method}, {cell.tasks} tasks · {action}", highlight=False)
+        title = f"cell {index}/{count}: {cell.method}, {cell.tasks} tasks"
+        reporter.set_title(title)
+        reporter.note(f"{title} · {action}")
 
-    every = max(1, plan.run.train.epochs // 5)
-    result = run_bench(plan, out, plots=plots, on_cell=on_cell, on_progress=render.ProgressPrinter(every),
-                       on_step=render.step_line)
-    for note in result.notes:
-        render.ERR.print(note, highlight=False)
+    with reporter:
+        for line in describe(plan, dataset_kind(plan)):
+            reporter.note(line)
+        result = run_bench(plan, out, plots=plots, on_cell=on_cell, on_progress=reporter, on_step=reporter.step)
+        for note in result.notes:
+            reporter.note(note)
     if json_out:
         render.print_json({**result.table, "files": [str(f) for f in result.files]})
         return

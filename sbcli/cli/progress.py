@@ -14,6 +14,7 @@ A :class:`Reporter` is the ``on_progress`` callback of :func:`sbcli.api.train` a
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -40,7 +41,7 @@ def reporter(quiet: bool, every: int = 1, console: Console = ERR) -> Reporter:
 
 def clock(seconds: float | None) -> str:
     """``1:02:03`` / ``2:03``; ``-:--`` when unknown."""
-    if seconds is None or seconds != seconds or seconds < 0:
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
         return "-:--"
     s = round(seconds)
     h, rest = divmod(s, 3600)
@@ -94,6 +95,7 @@ class Reporter:
         self.console = console
         self.every = max(1, every)
         self.timeline = Timeline()
+        self.title = "sequence"
         self.logs: list[Any] = []  # experiment logs (sbcli.loggers), told every epoch and step, closed at exit
         self.open_logs: Callable[[], list[Any]] | None = None  # opens them once the run's input is checked (on_plan)
 
@@ -130,6 +132,10 @@ class Reporter:
 
     def note(self, text: str) -> None:
         """A line for the person watching (what runs, where it writes)."""
+
+    def set_title(self, text: str) -> None:
+        """What the whole sequence is called on its bar (a bench names its cell)."""
+        self.title = text
 
     @contextlib.contextmanager
     def status(self, text: str) -> Iterator[None]:
@@ -176,7 +182,6 @@ class LiveReporter(Reporter):
         self.phases: dict[tuple[int, str], TaskID] = {}
         self.current: tuple[int, str] | None = None
         self.epoch_batches = 0.0  # batches of the running epoch already counted in the overall bars
-        self.title = "sequence"
 
     def __enter__(self) -> LiveReporter:
         self.bars.start()
@@ -188,10 +193,6 @@ class LiveReporter(Reporter):
 
     def note(self, text: str) -> None:
         self.bars.console.print(text, highlight=False, markup=False, soft_wrap=True)
-
-    def set_title(self, text: str) -> None:
-        """What the sequence bar is called (a bench names its cell)."""
-        self.title = text
 
     def on_plan(self, plan: dict[int, int]) -> None:
         super().on_plan(plan)

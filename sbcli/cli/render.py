@@ -1,4 +1,4 @@
-"""Rendering: progress on stderr, results (tables or JSON) on stdout."""
+"""Rendering: results (tables or JSON) on stdout; the progress on stderr is :mod:`sbcli.cli.progress`."""
 
 from __future__ import annotations
 
@@ -19,24 +19,6 @@ def fmt(value: float | None, digits: int = 2) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     return f"{value:.{digits}f}"
-
-
-class ProgressPrinter:
-    """Prints one line per epoch to stderr (every ``every`` epochs and the last of a phase)."""
-
-    def __init__(self, every: int = 1) -> None:
-        self.every = every
-
-    def __call__(self, event: Any) -> None:
-        if event.epoch % self.every == 0 or event.epoch == event.epochs:
-            ERR.print(f"task {event.task} · phase {event.phase} · epoch {event.epoch}/{event.epochs} · "
-                      f"loss {event.loss:.4f} · {event.images_per_s:,.0f} img/s · {event.precision}", highlight=False)
-
-
-def step_line(step: Any) -> None:
-    m = step.metrics
-    ERR.print(f"[bold]step {step.step}[/] done: {step.num_classes} classes, accuracy {fmt(m.overall)} % "
-              f"(old {fmt(m.old)}, new {fmt(m.new)}) in {step.seconds:.1f} s", highlight=False)
 
 
 def history_table(history: list[dict], title: str = "Accuracy after each step (%)") -> Table:
