@@ -13,7 +13,8 @@ from typing import Any
 
 # Keys whose numbers are percentages (accuracies, their averages, forgetting), wherever they sit.
 PERCENT_KEYS = frozenset({
-    "overall", "old", "new", "intra_old", "intra_new", "per_task", "accuracy", "accuracy_matrix", "last", "forgetting",
+    "overall", "old", "new", "intra_old", "intra_new", "per_task", "accuracy", "accuracy_matrix", "accuracy_per_step",
+    "last", "forgetting",
     "avg_incremental_2_to_T", "avg_incremental_1_to_T", "avg_2_to_T", "avg_1_to_T",
 })
 # Keys whose numbers are durations in seconds or throughputs.

@@ -64,12 +64,12 @@ def flatten(options: dict, prefix: str = "") -> dict[str, str]:
 class TensorBoardLog:
     """Scalars and the options (as text) through ``torch.utils.tensorboard.SummaryWriter``."""
 
-    def __init__(self, directory: Path, options: dict) -> None:
+    def __init__(self, directory: Path, options: dict, epochs_before: int = 0) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.directory = Path(directory)
         self.writer = SummaryWriter(log_dir=str(self.directory))
-        self.epochs = 0
+        self.epochs = epochs_before
         rows = "\n".join(f"| {k} | {v} |" for k, v in flatten(options).items())
         self.writer.add_text("options", "| option | value |\n|---|---|\n" + rows)
 
@@ -90,7 +90,7 @@ class TensorBoardLog:
 class MlflowLog:
     """Params and metrics through ``mlflow.MlflowClient`` (no global active run)."""
 
-    def __init__(self, run_name: str, options: dict) -> None:
+    def __init__(self, run_name: str, options: dict, epochs_before: int = 0) -> None:
         from mlflow import MlflowClient
         from mlflow.entities import Param
 
@@ -107,7 +107,7 @@ class MlflowLog:
         params = [Param(k, v[:6000]) for k, v in flatten(options).items()]
         for start in range(0, len(params), 100):  # MLflow takes at most 100 params per batch
             self.client.log_batch(self.run_id, params=params[start : start + 100])
-        self.epochs = 0
+        self.epochs = epochs_before
 
     def _log(self, values: dict[str, float], step: int) -> None:
         from mlflow.entities import Metric
@@ -139,14 +139,17 @@ def check_kinds(kinds: list[str]) -> None:
             raise ConfigError(f"--log {kind} needs the {kind} extra: pip install \"sbcli[{kind}]\".")
 
 
-def open_logs(kinds: list[str], out: Path, options: dict) -> list[ExperimentLog]:
-    """One log per kind for the learner written to ``out`` (see the module docstring for where)."""
+def open_logs(kinds: list[str], out: Path, options: dict, epochs_before: int = 0) -> list[ExperimentLog]:
+    """One log per kind for the learner written to ``out`` (see the module docstring for where).
+
+    ``epochs_before``: epochs the learner already trained (an added task's epochs go on from there).
+    """
     check_kinds(kinds)
     out = Path(out)
     logs: list[ExperimentLog] = []
     for kind in dict.fromkeys(kinds):
         if kind == "tensorboard":
-            logs.append(TensorBoardLog(out.parent / "tensorboard" / out.name, options))
+            logs.append(TensorBoardLog(out.parent / "tensorboard" / out.name, options, epochs_before))
         else:
-            logs.append(MlflowLog(out.name, options))
+            logs.append(MlflowLog(out.name, options, epochs_before))
     return logs

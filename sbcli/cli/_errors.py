@@ -9,6 +9,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from sbcli.errors import SbcliError
 
@@ -25,7 +26,7 @@ def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except SbcliError as err:
             if os.environ.get("SBCLI_DEBUG") == "1":
                 raise
-            ERR.print(f"[bold red]Error:[/] {err}", highlight=False, soft_wrap=True)
+            ERR.print(f"[bold red]Error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)  # [extras] stay
             raise typer.Exit(1) from None
 
     return wrapper

@@ -33,6 +33,7 @@ def add_task(
     from sbcli.cli import progress, render
     from sbcli.learner import read_state
     from sbcli.metrics import summary
+    from sbcli.plan import actual_epochs
 
     main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
     loggers.check_kinds(log or [])
@@ -42,7 +43,8 @@ def add_task(
         if main and log:
             options = {"learner": str(learner), "folder": str(folder), "method": state.method,
                        "method_config": state.method_config, "train": {**state.train_config, "epochs": epochs or state.train_config["epochs"]}}
-            reporter.open_logs = lambda: loggers.open_logs(log, learner, options)
+            before = sum(actual_epochs(state.history))
+            reporter.open_logs = lambda: loggers.open_logs(log, learner, options, before)
         reporter.note(f"Adding the classes of {folder} to {learner}")
         step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method, on_progress=reporter)
         reporter.step(step)
