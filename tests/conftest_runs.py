@@ -22,10 +22,10 @@ LOGS = [kind for kind in ("tensorboard", "mlflow") if importlib.util.find_spec(k
 
 def sb(cwd: Path, *args: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}
-    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(Path(__file__).resolve().parents[1]),
-                                                               env.get("PYTHONPATH", "")]))
+    paths = [str(Path(__file__).resolve().parents[1]), env.get("PYTHONPATH", "")]  # this checkout's sbcli
+    env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join(p for p in paths if p))
     res = subprocess.run([sys.executable, "-m", "sbcli", *map(str, args)], cwd=cwd, env=env, capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stderr
     return res
 
