@@ -127,7 +127,7 @@ def _bar(ax, x: float, value: float | None, color: str, label: str) -> None:
 def learner_accuracy(history: list[dict], path: Path, title: str) -> Path:
     """Draw one learner's accuracy, old and new accuracy (and S&B's ablation) per step; returns ``path``."""
     plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
     classes = [h["num_classes"] for h in history]
     lines = (("accuracy", "overall", {"color": "#222222", "marker": "o", "linewidth": 2.2}),
              ("old classes", "old", {"color": OLD_COLOR, "marker": "s", "linestyle": "--"}),
@@ -145,7 +145,7 @@ def learner_accuracy(history: list[dict], path: Path, title: str) -> Path:
     ax.set_xlabel("classes seen")
     ax.set_ylabel("top-1 accuracy (%)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside: no point hidden
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return _save(plt, fig, path)

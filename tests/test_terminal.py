@@ -178,7 +178,7 @@ def test_accuracy_png_is_drawn_after_each_step(grown_run):
     from PIL import Image
 
     with Image.open(grown_run["learner"] / "accuracy.png") as img:
-        assert img.format == "PNG" and img.size == (704, 462)  # 6.4 x 4.2 inches at 110 dpi
+        assert img.format == "PNG" and img.size == (880, 462)  # 8 x 4.2 inches at 110 dpi
     assert not list(grown_run["learner"].glob(".*tmp*"))
 
 
