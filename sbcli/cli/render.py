@@ -42,7 +42,7 @@ def matrix_table(history: list[dict], now: list[float] | None = None) -> Table:
     if now is not None:
         rows.append(("now", now))
     width = max((len(r) for _, r in rows), default=0)
-    table = Table(title="Accuracy matrix (%): rows after each step, columns the tasks' classes")
+    table = Table(title="Accuracy matrix (%): each task's classes after each step")
     table.add_column("step", justify="left")
     for j in range(width):
         table.add_column(f"task {j + 1}", justify="right")
