@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sbcli.bench_report import class_order_text, epochs_text, ran_on, ran_text, threads_text, what_ran
 from sbcli.errors import ConfigError
 from sbcli.jsonutil import strict
 from sbcli.registry import Registry
@@ -222,15 +223,16 @@ def run_bench(plan: BenchPlan, out: Path, *, plots: bool = True, on_cell: CellFn
 def cell_summary(history: list[dict]) -> dict:
     """One cell's numbers: both averages, last, the per-step curves (accuracy, intra-old/new) and
     what ran: the epochs each step trained (every phase) and the precision of its phases."""
-    from sbcli.metrics import average_incremental
+    from sbcli.metrics import history_summary
     from sbcli.plan import actual_epochs
 
     overall = [h["metrics"]["overall"] for h in history]
     later = history[1:]
+    s = history_summary(history)
     return {
-        "avg_2_to_T": average_incremental(overall, skip_first=True),
-        "avg_1_to_T": average_incremental(overall, skip_first=False),
-        "last": overall[-1] if overall else math.nan,
+        "avg_2_to_T": s["avg_incremental_2_to_T"],
+        "avg_1_to_T": s["avg_incremental_1_to_T"],
+        "last": s["last"],
         "classes": [h["num_classes"] for h in history],
         "accuracy": overall,
         "intra_old": _mean([h["metrics"]["intra_old"] for h in later]),
@@ -315,48 +317,13 @@ def table_markdown(table: dict) -> str:
     return "\n".join(lines)
 
 
-def class_order_text(order_seed: int | None) -> str:
-    """``seed 0``, or the dataset's own order for ``--order-seed -1`` (stored as None)."""
-    return "as in the dataset (--order-seed -1)" if order_seed is None else f"seed {order_seed}"
-
-
-def threads_text(table: dict) -> str:
-    ran = table.get("ran") or {}
-    return f" (this run: {ran['precision']} on {ran['device']}, {ran['threads']} threads)" if ran else ""
-
-
-def epochs_text(epochs: list[int]) -> str:
-    """``4, 12×4``: each step's epochs, repeats folded."""
-    parts: list[list[int]] = []
-    for e in epochs:
-        if parts and parts[-1][0] == e:
-            parts[-1][1] += 1
-        else:
-            parts.append([e, 1])
-    return ", ".join(f"{e}×{n}" if n > 1 else str(e) for e, n in parts)
-
-
-def what_ran(table: dict) -> list[str]:
-    """A section per finished cell: total epochs of each step (every phase), S&B's rho, the precision."""
-    lines = ["## What ran", "", "Epochs per step count every phase (S&B's later steps train A, B and C).", "",
-             "| method | tasks | epochs per step | rho | precision |", "|---|---:|---|---:|---|"]
-    for row in table["methods"]:
-        for tasks in table["task_counts"]:
-            cell = row["cells"].get(str(tasks))
-            if cell is not None:
-                rho = "–" if cell.get("rho") is None else f"{cell['rho']:g}"
-                lines.append(f"| {row['label']} | {tasks} | {epochs_text(cell.get('epochs_per_step', []))} | {rho} | "
-                             f"{', '.join(cell.get('precision', [])) or '–'} |")
-    return [*lines, ""]
-
-
 def describe(plan: BenchPlan, kind: str) -> list[str]:
     """What the grid will run, said before it starts: epochs per step of each row, rho, class order."""
     from sbcli.methods import build_config
     from sbcli.plan import sequence_epochs
 
     lines = [f"Bench on {plan.seq.source or 'demo'} ({kind}): class order {class_order_text(plan.seq.order_seed)}, "
-             f"{plan.run.train.epochs} epochs a phase, {_ran_text(plan)}."]
+             f"{plan.run.train.epochs} epochs a phase, {ran_text(plan)}."]
     for name in plan.methods:
         parts = []
         for tasks in plan.task_counts:
@@ -369,23 +336,6 @@ def describe(plan: BenchPlan, kind: str) -> list[str]:
             parts.append(f"T{tasks}: {epochs_text(epochs)}{rho}")
         lines.append(f"  {name}: epochs per step " + "; ".join(parts))
     return lines
-
-
-def ran_on(plan: BenchPlan) -> dict:
-    """Where this invocation trains: the device, its precision as resolved, and torch's CPU threads."""
-    import torch
-
-    from sbcli.api import resolve_device
-    from sbcli.engine import uses_bf16
-
-    device = resolve_device(plan.run.device)
-    precision = "bf16" if uses_bf16(plan.run.train.precision, device) else "fp32"
-    return {"device": str(device), "precision": precision, "threads": torch.get_num_threads()}
-
-
-def _ran_text(plan: BenchPlan) -> str:
-    ran = ran_on(plan)
-    return f"precision {plan.run.train.precision} ({ran['precision']} on {ran['device']}), {ran['threads']} threads"
 
 
 def write_outputs(table: dict, out: Path, plots: bool) -> tuple[list[Path], list[str]]:

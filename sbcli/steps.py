@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from sbcli import selection
 from sbcli.data.device import DeviceData
 from sbcli.data.imageset import ImageSet
 from sbcli.engine import Engine
@@ -56,7 +57,12 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     state.class_task.extend([step] * len(new_classes))
     if step > 0:
         learner.model.expand_classes(len(new_classes))
-    data = DeviceData.join([(train.images, train.labels), learner.memory.tensors()], engine.device)
+    fraction = state.train_config.get("val_fraction", 0.0)  # --val-fraction: held out of new images and exemplars
+    parts, held = selection.split([(train.images, train.labels), learner.memory.tensors()], fraction,
+                                  state.seed * 1000 + step)
+    data = DeviceData.join(parts, engine.device)
+    engine.validator = None if held is None else selection.Validator(
+        held[0], held[1], state.num_classes, state.train_config.get("val_every", 0))
     method = METHODS.get(state.method)
     cfg = config_from_json(state.method, state.method_config)
     engine.task = step + 1

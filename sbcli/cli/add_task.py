@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import DeviceOpt, EpochsOpt, JsonOpt, LearnerArg, LogOpt, QuietOpt, TestOpt
+from sbcli.cli._options import DeviceOpt, EpochsOpt, JsonOpt, LearnerArg, LogOpt, QuietOpt, TestOpt, WarmupOpt
 
 EPILOG = """Example:
 
@@ -23,6 +23,7 @@ def add_task(
     test: TestOpt = None,
     method: Annotated[Optional[str], typer.Option("--method", help="Check that the learner uses this method (a learner keeps the method it was started with).", show_default=False)] = None,
     epochs: EpochsOpt = None,
+    warmup_epochs: WarmupOpt = None,
     device: DeviceOpt = "auto",
     log: LogOpt = None,
     quiet: QuietOpt = False,
@@ -31,8 +32,9 @@ def add_task(
     """Add a new class set to a learner (the learner is rewritten only when the step is done)."""
     from sbcli import api, distributed, loggers
     from sbcli.cli import progress, render
+    from sbcli.cli.runs import closing_line
     from sbcli.learner import read_state
-    from sbcli.metrics import summary
+    from sbcli.metrics import history_summary
     from sbcli.plan import actual_epochs
 
     main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
@@ -46,16 +48,18 @@ def add_task(
             before = sum(actual_epochs(state.history))
             reporter.open_logs = lambda: loggers.open_logs(log, learner, options, before)
         reporter.note(f"Adding the classes of {folder} to {learner}")
-        step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method, on_progress=reporter)
+        step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method,
+                            warmup_epochs=warmup_epochs, on_progress=reporter)
         reporter.step(step)
     if not main:
         return
     history = read_state(learner).history
-    result = summary([h["metrics"]["overall"] for h in history], [h["metrics"]["per_task"] for h in history])
+    result = history_summary(history)
     if json_out:
         render.print_json({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(),
                            "history": history, "summary": result})
         return
     for table in render.closing_tables(history, result):
         render.OUT.print(table)
+    render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
     render.OUT.print(f"Learner {learner} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")

@@ -83,7 +83,7 @@ def _is_onnx(path: Path) -> bool:
 
 
 def open_learner(path: Path, device: str) -> TorchClassifier:
-    from sbcli.api import resolve_device
+    from sbcli.device import resolve_device
     from sbcli.export.onnx import serving_model
     from sbcli.learner import Learner
 
@@ -94,7 +94,7 @@ def open_learner(path: Path, device: str) -> TorchClassifier:
 
 
 def open_onnx(path: Path, device: str) -> OnnxClassifier:
-    from sbcli.api import resolve_device
+    from sbcli.device import resolve_device
     from sbcli.export.onnx import read_metadata, require_onnxruntime
 
     ort = require_onnxruntime()
