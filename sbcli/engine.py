@@ -18,6 +18,7 @@ is sharded over ranks and gathered on each.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,29 +30,37 @@ from sbcli import distributed, schedule
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.device import (
     PRECISIONS,
+    compute_threads,
     cudnn_autotune,
     native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
     uses_bf16,
 )
-from sbcli.errors import ConfigError
+from sbcli.errors import ConfigError, TrainingError
 from sbcli.schedule import PhaseSchedule
 from sbcli.selection import PhaseSelection, Validator
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation settings shared by every phase (defaults: the authors' schedule, spec section 6)."""
+    """Optimisation settings shared by every phase (defaults: the authors' schedule, spec section 6).
+
+    Each field is a CLI option of the same name (``--weight-decay``) and a recipe key
+    (:mod:`sbcli.config`), and is recorded in the learner's ``train_config``.
+    """
 
     epochs: int = 200  # every phase: 200 epochs with a fresh optimiser
     batch_size: int = 256
     lr: float = 0.1
     momentum: float = 0.9
+    nesterov: bool = True  # authors' code: SGD with Nesterov momentum
     weight_decay: float = 5e-4
     milestones: tuple[float, ...] = (0.3, 0.6, 0.8)  # 60/120/160 of 200 epochs
-    lr_decay: float = 0.1
+    lr_decay: float = 0.1  # the schedule's gamma at every milestone
+    drop_last: bool = True  # authors' code: an epoch drops its last partial batch (unless it is the only one)
     compile: bool = False  # torch.compile the student and the teacher (once per phase; slower to start)
     eval_batch_size: int = 1024
     precision: str = "auto"  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
+    threads: int | None = None  # CPU compute threads while training and evaluating; None: torch's default
     warmup_epochs: float = 0.0  # linear lr warm-up at the start of every phase (sbcli.schedule); 0: the paper's
     zero_init_residual: bool = False  # last BN of each residual block starts at 0 (each block the identity)
     val_fraction: float = 0.0  # held out of each step's data to pick every phase's best epoch (sbcli.selection)
@@ -64,6 +73,16 @@ class TrainConfig:
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs} is negative; give 0 (no warm-up) or more.")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
+        if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ConfigError("--epochs, --batch-size and --eval-batch-size must be at least 1.")
+        if self.lr <= 0 or self.momentum < 0 or self.weight_decay < 0 or not 0 < self.lr_decay <= 1:
+            raise ConfigError("--lr must be positive, --momentum and --weight-decay not negative, --lr-decay in (0, 1].")
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("Nesterov momentum needs --momentum above 0; give --momentum or --no-nesterov.")
+        if not all(0 < f <= 1 for f in self.milestones):
+            raise ConfigError(f"--milestones are fractions of a phase's epochs in (0, 1], not {self.milestones}.")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {self.threads}.")
 
 
 @dataclass(frozen=True)
@@ -126,10 +145,10 @@ class PhaseReport:
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.SGD:
-    """SGD with Nesterov momentum and weight decay on every parameter; fused on CUDA."""
+    """SGD with momentum (Nesterov unless ``cfg.nesterov`` is off) and weight decay on every parameter; fused on CUDA."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = device.type == "cuda"
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=True,
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            weight_decay=cfg.weight_decay, fused=fused or None)
 
 
@@ -173,10 +192,11 @@ class Engine:
     def run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
         """Train ``model`` for one phase on ``data``; the teacher (if any) runs in eval mode.
 
-        On CUDA, cuDNN autotunes its kernels for the phase (batch shapes are fixed) and the
-        process's own ``cudnn.benchmark`` setting is restored afterwards.
+        On CUDA, cuDNN autotunes its kernels for the phase (batch shapes are fixed); with
+        ``cfg.threads`` the CPU computes on that many threads. The process's own settings are
+        restored afterwards.
         """
-        with cudnn_autotune(self.device):
+        with cudnn_autotune(self.device), compute_threads(self.cfg.threads):
             return self._run(model, data, phase)
 
     def _run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
@@ -187,7 +207,8 @@ class Engine:
         """
         self._to_layout(model, phase.teacher)
         opt = make_optimizer(model, self.cfg, self.device)
-        sched = make_schedule(opt, self.cfg, phase.epochs, schedule.steps_per_epoch(len(data), self.cfg.batch_size))
+        sched = make_schedule(opt, self.cfg, phase.epochs, schedule.steps_per_epoch(len(data), self.cfg.batch_size,
+                                                                                 self.cfg.drop_last))
         student = self._compiled(distributed.data_parallel(model, self.device, self.dist))
         teacher = None if phase.teacher is None else self._compiled(phase.teacher.eval())
         start, seen, loss = time.perf_counter(), 0, float("nan")
@@ -196,8 +217,9 @@ class Engine:
             student.train()
             epoch_start = time.perf_counter()
             total, count = torch.zeros((), device=self.device), 0
-            batches = max(1, len(data) // self.cfg.batch_size)  # what batch_indices yields (last partial batch dropped)
-            for batch in data.batch_indices(self.cfg.batch_size, self.generator):
+            size, bs = len(data), self.cfg.batch_size  # the batches batch_indices yields, for the live bars
+            batches = size // bs if self.cfg.drop_last and size >= bs else -(-size // bs)
+            for batch in data.batch_indices(self.cfg.batch_size, self.generator, self.cfg.drop_last):
                 idx = distributed.shard(batch, self.dist)
                 sched.before_step()
                 total += self._step(student, teacher, model, data, idx, phase, opt).detach()
@@ -207,6 +229,7 @@ class Engine:
             lr = opt.param_groups[0]["lr"]
             sched.step()
             loss = self._epoch_loss(total, count)  # the epoch's one host synchronisation
+            self._check_finite(loss, phase, epoch)
             n = count * min(self.cfg.batch_size, len(data))  # over all ranks
             seen += n
             self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9), lr)
@@ -241,6 +264,13 @@ class Engine:
         summed = distributed.all_reduce_sum(torch.stack([total.float(), total.new_tensor(float(count))]), self.dist)
         return float(summed[0]) / max(float(summed[1]), 1.0)
 
+    def _check_finite(self, loss: float, phase: Phase, epoch: int) -> None:
+        """Stop at once when training diverged: the step in progress is then never saved."""
+        if not math.isfinite(loss):
+            raise TrainingError(f"Training diverged: the loss became {loss} in epoch {epoch} of phase {phase.name} "
+                                f"of step {self.task}, so the learner was left as it was; lower --lr "
+                                f"(now {self.cfg.lr}) or check the data.")
+
     def _to_layout(self, *models: nn.Module | None) -> None:
         """Put weights in channels-last once per phase, so no convolution reorders them per step."""
         if self.channels_last:
@@ -273,6 +303,10 @@ class Engine:
         Always in float32, whatever the training precision: what ``sb evaluate`` reports is what the
         exported ONNX model and ``sb predict`` compute, and exemplar features do not depend on it.
         """
+        with compute_threads(self.cfg.threads):
+            return self._features_or_logits(model, images, features)
+
+    def _features_or_logits(self, model: nn.Module, images: torch.Tensor, features: bool) -> torch.Tensor:
         was_training = model.training
         model.eval()
         lo, hi = distributed.shard_range(len(images), self.dist)
