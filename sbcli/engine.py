@@ -6,8 +6,9 @@ device-resident uint8 images, augmentation on the device, the teacher's forward 
 step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autocast wherever the
 device computes in bf16 natively (see :func:`native_bf16`; ``TrainConfig.precision`` overrides it),
 a fused optimiser on CUDA. Losses are summed
-on the device and read once per epoch, so an epoch has no host synchronisation. Measurements:
-docs/performance.md (benchmarks/engine_speed.py).
+on the device and read once per epoch, so an epoch has no host synchronisation (tests/test_gpu.py
+counts them on CUDA). Evaluation runs in full float32, without TF32 on CUDA (:func:`exact_float32`).
+Measurements: docs/performance.md (benchmarks/engine_speed.py).
 
 Under torchrun (see :mod:`sbcli.distributed`) the student is wrapped in DistributedDataParallel:
 every rank draws the same permutation and trains on its slice of each batch, the epoch's loss is
@@ -18,7 +19,8 @@ is sharded over ranks and gathered on each.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -74,6 +76,25 @@ PRECISIONS: dict[str, Callable[[torch.device], bool]] = {
     "bf16": lambda device: True,
     "fp32": lambda device: False,
 }
+
+
+@contextmanager
+def exact_float32(device: torch.device) -> Iterator[None]:
+    """On CUDA, float32 convolutions and matrix products in full float32 rather than TF32.
+
+    cuDNN computes float32 convolutions in TF32 by default (10-bit mantissa): then a CUDA
+    evaluation would differ from the CPU's and the ONNX model's by about 1e-3 and could flip an
+    argmax. Scoring is a small part of a run, so it is done in full precision. No-op elsewhere.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @dataclass(frozen=True)
@@ -265,10 +286,11 @@ class Engine:
         # a rank with an empty shard still runs one empty batch, so that it has rows to gather
         starts = list(range(lo, hi, self.cfg.eval_batch_size)) or ([lo] if self.dist.enabled else [])
         outputs = []
-        for start in starts:
-            x = normalize(images[start : min(hi, start + self.cfg.eval_batch_size)].to(self.device), self.norm,
-                          self.channels_last)
-            outputs.append(model.forward_features(x) if features else model(x))
+        with exact_float32(self.device):
+            for start in starts:
+                x = normalize(images[start : min(hi, start + self.cfg.eval_batch_size)].to(self.device), self.norm,
+                              self.channels_last)
+                outputs.append(model.forward_features(x) if features else model(x))
         model.train(was_training)
         if not outputs:
             return torch.zeros(0)

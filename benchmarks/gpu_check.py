@@ -1,0 +1,393 @@
+"""One command for a lent GPU machine: environment, ``pytest -m gpu``, the engine benchmark, a profile, a real run.
+
+Run it through ``benchmarks/gpu_check.sh`` (which installs carried wheels, if any, and keeps a
+log); docs/performance.md ("On a GPU") gives the exact device call. Steps, each recorded in
+``results.json`` and ``results.md`` under ``--out`` as soon as it ends (a run stopped at its time
+limit keeps what it finished):
+
+1. ``env``: Python, torch, CUDA, the GPU, cuDNN and NCCL versions; the packages sbcli needs
+   (imported, with versions; WebP decoding for the data) and ``python -m sbcli --help``.
+2. ``tests``: ``pytest -m gpu`` (every CUDA path; tests/test_gpu.py), counts, failures, skip reasons.
+3. ``bench``: benchmarks/engine_speed.py at 32 px, ResNet-18 width 1.0, batch 256, bf16: the engine
+   with a teacher (an incremental step) and without (a first step), and the reference loop, side
+   by side, against the targets (>= 40,000 img/s with a teacher, >= 10x the reference).
+4. ``profile`` (when the engine misses its target, or ``--profile yes``): torch.profiler over one
+   epoch of a teacher-guided phase: the top operators by device time and how busy the GPU was.
+5. ``sequence``: the real 10-task run on the 32 px Tiny-ImageNet-100 (benchmarks/paper_compare.py):
+   ``compare`` (default) trains S&B + WA, STD + WA and, if it fits, the equal-compute control, with
+   the epochs that fit the time left; ``sb`` trains S&B + WA alone; ``none`` skips it.
+
+``--dry`` runs the same steps at tiny sizes on whatever device there is (the CPU here), on a
+generated archive of the same layout: tests/test_gpu_check.py runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+TARGET_IMG_S = 40_000.0  # issue 10: with a teacher, on one H100/H200
+TARGET_X_REF = 10.0
+PACKAGES = {"torch": "torch", "torchvision": "torchvision", "typer": "typer", "rich": "rich", "numpy": "numpy",
+            "PIL": "pillow", "safetensors": "safetensors", "onnx": "onnx", "onnxscript": "onnxscript",
+            "onnxruntime": "onnxruntime", "pytest": "pytest", "matplotlib": "matplotlib"}
+
+
+@dataclass
+class CheckConfig:
+    out: Path
+    data: Path
+    work: Path
+    budget_s: float = 540.0  # the whole check; keep it under the device call's timeout_s
+    dry: bool = False
+    skip: tuple[str, ...] = ()
+    bench_seconds: float = 3.0
+    bench_rounds: int = 2
+    profile: str = "auto"  # auto: when the engine misses its target on CUDA; yes; no
+    sequence: str = "compare"  # compare, sb, none
+    sequence_epochs: int | None = None  # per phase; None: fit the time left
+    control: str = "auto"
+
+
+@dataclass
+class Check:
+    """The results so far, rewritten to disk after every step."""
+
+    cfg: CheckConfig
+    start: float = field(default_factory=time.monotonic)
+    results: dict = field(default_factory=dict)
+
+    def left(self) -> float:
+        return self.cfg.budget_s - (time.monotonic() - self.start)
+
+    def record(self, step: str, value: dict) -> None:
+        self.results[step] = value
+        self.results["elapsed_s"] = round(time.monotonic() - self.start, 1)
+        self.cfg.out.mkdir(parents=True, exist_ok=True)
+        (self.cfg.out / "results.json").write_text(json.dumps(self.results, indent=2, default=str) + "\n")
+        (self.cfg.out / "results.md").write_text(markdown(self.results))
+        print(f"[gpu_check] {step} done at {self.results['elapsed_s']} s", file=sys.stderr, flush=True)
+
+
+def run_logged(cmd: list[str], timeout: float) -> tuple[int, str, float]:
+    """Run ``cmd`` with its output streamed to ours (the log) and kept; (exit code, output, seconds)."""
+    start = time.monotonic()
+    print("[gpu_check] $ " + " ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            print(line, end="", file=sys.stderr, flush=True)
+            if time.monotonic() - start > timeout:
+                raise subprocess.TimeoutExpired(cmd, timeout)
+        code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - start)))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        code = 124
+        lines.append(f"[gpu_check] killed after {timeout:.0f} s\n")
+    return code, "".join(lines), time.monotonic() - start
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Environment
+# ---------------------------------------------------------------------------------------------
+
+
+def environment() -> dict:
+    import torch
+
+    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "cuda_available": torch.cuda.is_available(), "cpus": os.cpu_count(), "packages": {}, "missing": []}
+    if torch.cuda.is_available():
+        env["gpus"] = [{"name": torch.cuda.get_device_name(i), "capability": list(torch.cuda.get_device_capability(i)),
+                        "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
+                       for i in range(torch.cuda.device_count())]
+        env["cudnn"] = torch.backends.cudnn.version()
+        env["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None
+        env["bf16"] = torch.cuda.is_bf16_supported(including_emulation=False)
+    for module, dist in PACKAGES.items():
+        try:
+            importlib.import_module(module)
+            env["packages"][dist] = importlib.metadata.version(dist)
+        except Exception as err:  # noqa: BLE001  (any import failure is what we report)
+            env["missing"].append(f"{dist} ({type(err).__name__}: {err})")
+    from PIL import features
+
+    env["webp"] = bool(features.check("webp"))
+    code, output, _ = run_logged([sys.executable, "-m", "sbcli", "--help"], 60)
+    env["sbcli_help"] = "ok" if code == 0 else f"exit {code}: {output[-500:]}"
+    return env
+
+
+# ---------------------------------------------------------------------------------------------
+# 2. pytest -m gpu
+# ---------------------------------------------------------------------------------------------
+
+
+def gpu_tests(check: Check) -> dict:
+    junit = check.cfg.work / "junit.xml"
+    target = "tests/test_gpu.py" if check.cfg.dry else "tests"
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rs", "-p", "no:cacheprovider", f"--junitxml={junit}", target]
+    code, output, seconds = run_logged(cmd, timeout=min(300.0, max(30.0, check.left() - 240)))
+    summary = {"command": "python -m pytest -m gpu -q -rs " + target, "exit_code": code, "seconds": round(seconds, 1),
+               "tail": output[-2000:]}
+    if junit.is_file():
+        summary |= junit_summary(junit)
+    return summary
+
+
+def junit_summary(path: Path) -> dict:
+    """Counts, failures (name and message) and skip reasons from a JUnit XML report."""
+    root = ET.parse(path).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    counts = {k: int(suite.get(k, 0)) for k in ("tests", "failures", "errors", "skipped")}
+    counts["passed"] = counts["tests"] - counts["failures"] - counts["errors"] - counts["skipped"]
+    failed, skipped = [], {}
+    for case in suite.iter("testcase"):
+        name = f"{case.get('classname')}::{case.get('name')}"
+        for tag in ("failure", "error"):
+            node = case.find(tag)
+            if node is not None:
+                failed.append({"test": name, "message": (node.get("message") or "")[:400]})
+        node = case.find("skipped")
+        if node is not None:
+            reason = (node.get("message") or "").removeprefix("Skipped: ")
+            skipped[reason] = skipped.get(reason, 0) + 1
+    return {"counts": counts, "failed": failed, "skip_reasons": skipped}
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. The engine benchmark, 4. the profile
+# ---------------------------------------------------------------------------------------------
+
+
+def bench_args(cfg: CheckConfig, out: Path) -> list[str]:
+    if cfg.dry:
+        size = ["--width", "0.125", "--batch-size", "16", "--image-size", "16", "--classes", "4", "--images", "64",
+                "--seconds", "0.3", "--rounds", "1", "--threads", "1"]
+    else:
+        size = ["--device", "cuda", "--width", "1.0", "--batch-size", "256", "--image-size", "32", "--classes", "100",
+                "--images", "10000", "--seconds", str(cfg.bench_seconds), "--rounds", str(cfg.bench_rounds)]
+    return [sys.executable, "benchmarks/engine_speed.py", *size, "--data", "random", "--precision", "auto",
+            "--without-teacher", "--json", str(out)]
+
+
+def engine_bench(check: Check) -> dict:
+    out = check.cfg.work / "engine_speed.json"
+    cmd = bench_args(check.cfg, out)
+    code, output, seconds = run_logged(cmd, timeout=min(300.0, max(30.0, check.left() - 150)))
+    result = {"command": " ".join(cmd[1:]), "exit_code": code, "seconds": round(seconds, 1)}
+    if code != 0 or not out.is_file():
+        return result | {"tail": output[-2000:]}
+    report = json.loads(out.read_text())
+    ref = report["reference"]["img_s"]
+    rows = [{"name": r["name"], "img_s": r["img_s"], "x_reference": r["img_s"] / ref} for r in report["engines"]]
+    rows.append({"name": "reference", "img_s": ref, "x_reference": 1.0})
+    teacher = next(r for r in rows if "no teacher" not in r["name"])
+    ten = next(s for s in report["schedules"] if s["tasks"] == 10)
+    return result | {"hardware": report["hardware"], "torch": report["torch"], "rows": rows,
+                     "with_teacher_img_s": teacher["img_s"], "target_img_s": TARGET_IMG_S,
+                     "meets_target": teacher["img_s"] >= TARGET_IMG_S and teacher["x_reference"] >= TARGET_X_REF,
+                     "paper_cifar100_10_tasks_hours": ten["hours"], "batches_per_round": report["batches_per_round"]}
+
+
+def profile(check: Check) -> dict:
+    """torch.profiler over one epoch of phase C (student + teacher) at the benchmark's size."""
+    import torch
+    from torch.profiler import ProfilerActivity
+
+    from sbcli.data.device import DeviceData, Normalization
+    from sbcli.engine import Engine, Phase, TrainConfig
+    from sbcli.methods.common import frozen_copy
+    from sbcli.methods.split_bridge import bridge_loss
+    from sbcli.nets import create_model
+
+    cuda = torch.cuda.is_available()
+    device = torch.device("cuda" if cuda else "cpu")
+    width, batch, size, batches = (0.125, 16, 16, 3) if check.cfg.dry else (1.0, 256, 32, 20)
+    torch.manual_seed(0)
+    model = create_model("resnet18", 100, width).to(device)
+    teacher = frozen_copy(model)
+    images = torch.randint(0, 256, (batch * batches, 3, size, size), dtype=torch.uint8, device=device)
+    data = DeviceData(images, torch.randint(0, 100, (batch * batches,), device=device))
+    engine = Engine(TrainConfig(epochs=1, batch_size=batch), device, Normalization(), seed=0)
+    phase = Phase("C", bridge_loss(50, 0.5), 1, teacher=teacher)
+    engine.run(model, data, phase)  # warm-up
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with torch.profiler.profile(activities=activities) as prof:
+        start = time.perf_counter()
+        report = engine.run(model, data, phase)
+        wall = time.perf_counter() - start
+    events = prof.key_averages()
+    key = "device_time_total" if cuda else "cpu_time_total"
+    self_key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    busy = sum(getattr(e, self_key, 0.0) for e in events) / 1e6 if cuda else None
+    top = sorted(events, key=lambda e: getattr(e, key, 0.0), reverse=True)[:15]
+    return {"batches": batches, "batch_size": batch, "wall_s": round(wall, 4), "images_per_s": report.images_per_s,
+            "sort": key, "gpu_busy_fraction": None if busy is None else round(busy / wall, 3),
+            "top": [{"op": e.key, "total_ms": round(getattr(e, key, 0.0) / 1e3, 3),
+                     "self_ms": round(getattr(e, self_key, 0.0) / 1e3, 3), "calls": e.count} for e in top],
+            "table": events.table(sort_by=key, row_limit=25)}
+
+
+# ---------------------------------------------------------------------------------------------
+# 5. The real sequence
+# ---------------------------------------------------------------------------------------------
+
+
+def sequence(check: Check) -> dict:
+    import paper_compare as pc
+
+    cfg = check.cfg
+    archive = pc.write_tiny_archive(cfg.work / "tiny.zip") if cfg.dry else cfg.data
+    if not archive.is_file():
+        return {"skipped": f"{archive} is missing (copy ../shared/data/{pc.DATA_NAME}.zip there before the call)"}
+    train, test = pc.unpack(archive, cfg.work / "data")
+    budget = check.left() - 20
+    if budget < (30 if cfg.dry else 120):
+        return {"skipped": f"only {budget:.0f} s left of the check's budget"}
+    main_rows = ("sb-wa",) if cfg.sequence == "sb" else ("sb-wa", "std-wa")
+    compare = pc.CompareConfig(train=train, test=test, out=cfg.out, budget_s=budget, epochs=cfg.sequence_epochs,
+                               control="no" if cfg.sequence == "sb" else cfg.control, main_rows=main_rows)
+    if cfg.dry:
+        compare = pc.dry_config(compare)
+    # no compare.json/.md of its own: the report goes into results.json/.md (8 files come back at most)
+    return pc.run_compare(compare, cfg.work / "runs", prefix=None, on_report=lambda rep: check.record("sequence", rep))
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------------------------
+
+
+def markdown(r: dict) -> str:
+    lines = ["# sbcli GPU check", ""]
+    env = r.get("env", {})
+    if env:
+        gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "no GPU"
+        lines += [f"{gpus} · torch {env.get('torch')} (CUDA {env.get('cuda')}, cuDNN {env.get('cudnn', '–')}, "
+                  f"NCCL {env.get('nccl', '–')}) · Python {env.get('python')} · {env.get('cpus')} CPUs · "
+                  f"missing packages: {', '.join(env.get('missing', [])) or 'none'} · WebP {env.get('webp')} · "
+                  f"sb --help {env.get('sbcli_help')}", ""]
+    t = r.get("tests")
+    if t:
+        c = t.get("counts", {})
+        lines += ["## pytest -m gpu", "", f"exit {t['exit_code']} · {c.get('passed', '?')} passed, {c.get('failures', 0)} "
+                  f"failed, {c.get('errors', 0)} errors, {c.get('skipped', '?')} skipped · {t['seconds']} s", ""]
+        lines += [f"- FAILED {f['test']}: {f['message']}" for f in t.get("failed", [])]
+        lines += [f"- skipped ({n}): {reason}" for reason, n in t.get("skip_reasons", {}).items()]
+        lines.append("")
+    b = r.get("bench")
+    if b and b.get("rows"):
+        lines += ["## Engine throughput (benchmarks/engine_speed.py)", "", f"{b['hardware']} · torch {b['torch']} · "
+                  f"`{b['command']}`", "", "| loop | img/s | x reference |", "|---|---:|---:|"]
+        lines += [f"| {row['name']} | {row['img_s']:,.0f} | {row['x_reference']:.1f}x |" for row in b["rows"]]
+        verdict = "meets" if b["meets_target"] else "MISSES"
+        hours = ", ".join(f"{k}: {v:.1f} h" for k, v in b["paper_cifar100_10_tasks_hours"].items())
+        lines += ["", f"With a teacher: {b['with_teacher_img_s']:,.0f} img/s, {verdict} the target (>= {TARGET_IMG_S:,.0f} "
+                  f"img/s and >= {TARGET_X_REF:.0f}x the reference). Paper CIFAR-100 10-task schedule at these rates: {hours}.", ""]
+    elif b:
+        lines += ["## Engine throughput", "", f"FAILED (exit {b['exit_code']}):", "", "```", b.get("tail", ""), "```", ""]
+    p = r.get("profile")
+    if p and p.get("top"):
+        busy = "" if p["gpu_busy_fraction"] is None else f", GPU busy {100 * p['gpu_busy_fraction']:.0f} % of the wall time"
+        lines += ["## Profile: one epoch of phase C", "", f"{p['batches']} batches of {p['batch_size']}, "
+                  f"{p['images_per_s']:,.0f} img/s under the profiler{busy}; sorted by {p['sort']}.", "",
+                  "| op | total ms | self ms | calls |", "|---|---:|---:|---:|"]
+        lines += [f"| {e['op']} | {e['total_ms']} | {e['self_ms']} | {e['calls']} |" for e in p["top"]]
+        lines.append("")
+    s = r.get("sequence")
+    if s and "rows" in s:
+        from compare_report import report_markdown
+
+        lines += [report_markdown(s).replace("\n# ", "\n## ", 1).replace("# ", "## ", 1)]
+    elif s:
+        lines += ["## Sequence", "", str(s.get("skipped") or s.get("error")), ""]
+    for step, error in r.get("errors", {}).items():
+        lines += [f"**{step} failed**: {error}", ""]
+    lines.append(f"Total {r.get('elapsed_s', '?')} s.")
+    return "\n".join(lines) + "\n"
+
+
+STEPS = ("env", "tests", "bench", "profile", "sequence")
+
+
+def run(cfg: CheckConfig) -> dict:
+    check = Check(cfg)
+    cfg.work.mkdir(parents=True, exist_ok=True)
+    check.results["config"] = {k: str(v) for k, v in dataclasses.asdict(cfg).items()}
+    actions = {"env": environment, "tests": lambda: gpu_tests(check), "bench": lambda: engine_bench(check),
+               "profile": lambda: profile(check), "sequence": lambda: sequence(check)}
+    for step in STEPS:
+        if step in cfg.skip or (step == "sequence" and cfg.sequence == "none") or not wants_profile(check, step):
+            continue
+        try:
+            check.record(step, actions[step]())
+        except Exception as err:  # noqa: BLE001  (one failed step must not lose the others' results)
+            check.results.setdefault("errors", {})[step] = f"{type(err).__name__}: {err}"
+            check.record(step, {"error": f"{type(err).__name__}: {err}"})
+    return check.results
+
+
+def wants_profile(check: Check, step: str) -> bool:
+    if step != "profile" or check.cfg.profile == "yes":
+        return True
+    if check.cfg.profile == "no":
+        return False
+    bench = check.results.get("bench", {})
+    cuda = check.results.get("env", {}).get("cuda_available", False)
+    return (cuda or check.cfg.dry) and not bench.get("meets_target", False)
+
+
+def parse(argv: list[str] | None = None) -> CheckConfig:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-results"))
+    p.add_argument("--data", type=Path, default=REPO / ".gpu-data" / "tiny-imagenet-100-32px.zip")
+    p.add_argument("--work", type=Path, default=Path("/tmp/sbcli-gpu-check"))
+    p.add_argument("--budget-s", type=float, default=540.0, help="the whole check (keep under the call's timeout_s)")
+    p.add_argument("--dry", action="store_true", help="tiny sizes, any device (the CPU here)")
+    p.add_argument("--skip", default="", help=f"comma-separated steps to leave out: {','.join(STEPS)}")
+    p.add_argument("--bench-seconds", type=float, default=3.0)
+    p.add_argument("--bench-rounds", type=int, default=2)
+    p.add_argument("--profile", choices=("auto", "yes", "no"), default="auto")
+    p.add_argument("--sequence", choices=("compare", "sb", "none"), default="compare")
+    p.add_argument("--sequence-epochs", type=int, default=None, help="epochs a phase (default: fit the time left)")
+    p.add_argument("--control", choices=("auto", "yes", "no"), default="auto")
+    a = p.parse_args(argv)
+    skip = tuple(s for s in a.skip.split(",") if s)
+    unknown = set(skip) - set(STEPS)
+    if unknown:
+        p.error(f"--skip: unknown steps {', '.join(sorted(unknown))}")
+    return CheckConfig(out=a.out, data=a.data, work=a.work, budget_s=a.budget_s, dry=a.dry, skip=skip,
+                       bench_seconds=a.bench_seconds, bench_rounds=a.bench_rounds, profile=a.profile,
+                       sequence=a.sequence, sequence_epochs=a.sequence_epochs, control=a.control)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse(argv)
+    if cfg.dry:
+        import torch
+
+        torch.set_num_threads(1)
+    results = run(cfg)
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

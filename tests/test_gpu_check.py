@@ -1,0 +1,175 @@
+"""The prepared GPU check and paper comparison (benchmarks/gpu_check.py, paper_compare.py), run here at tiny sizes.
+
+The dry run goes through every step the GPU machine will run (environment, ``pytest -m gpu``, the
+engine benchmark, the profile, the three-row comparison with its CPU evaluation) and must leave
+what the device tool can bring back: at most 8 plainly named files. The planning (epochs that fit
+a budget, which steps split) and the tables are checked on their own.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def load(name: str):
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the script loads
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def pc():
+    return load("paper_compare")
+
+
+@pytest.fixture(scope="module")
+def report_mod():
+    return load("compare_report")
+
+
+# ----------------------------------------------------------------------------------------------
+# The whole check, dry
+# ----------------------------------------------------------------------------------------------
+
+
+def test_the_dry_check_runs_every_step_and_leaves_at_most_8_plain_files(tmp_path, report_mod):
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "OMP_NUM_THREADS": "1",
+           "SBCLI_CACHE": str(tmp_path / "cache")}
+    done = subprocess.run(["bash", str(BENCHMARKS / "gpu_check.sh"), "--dry", "--work", str(tmp_path / "work")],
+                          capture_output=True, text=True, env=env, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and all(re.fullmatch(r"[A-Za-z0-9._-]+", f) for f in files), files
+    assert {"results.json", "results.md", "log.txt", "learner-sb-wa.json", "learner-std-wa.json",
+            "learner-std-wa-equal.json"} <= set(files)
+    r = json.loads((out / "results.json").read_text())
+    assert not r.get("errors") and r["env"]["missing"] == [] and r["env"]["sbcli_help"] == "ok"
+    assert r["tests"]["exit_code"] == 0 and r["tests"]["counts"]["failures"] == 0
+    assert r["tests"]["counts"]["skipped"] > 0 and any("no CUDA GPU" in k for k in r["tests"]["skip_reasons"])
+    names = [row["name"] for row in r["bench"]["rows"]]
+    assert len(names) == 3 and "no teacher" in names[1] and names[2] == "reference"
+    assert r["bench"]["meets_target"] is False and r["profile"]["top"]  # the CPU misses it: the profile ran
+    seq = r["sequence"]
+    assert list(seq["rows"]) == ["sb-wa", "std-wa", "std-wa-equal"] and all(s["steps"] == 3 for s in seq["rows"].values())
+    assert seq["rows"]["std-wa-equal"]["epochs_per_step"] == seq["rows"]["sb-wa"]["epochs_per_step"] == [1, 3, 3]
+    assert seq["rows"]["std-wa"]["epochs_per_step"] == [1, 1, 1]
+    assert [a["step"] for a in seq["ablation"]] == [2, 3] and seq["cpu_evaluation"]["same"] is True
+    history = json.loads((out / "learner-sb-wa.json").read_text())["history"]
+    assert [h["metrics"]["overall"] for h in history] == seq["rows"]["sb-wa"]["accuracy"]
+    md = (out / "results.md").read_text()
+    for heading in ("## pytest -m gpu", "## Engine throughput", "## Profile", "## Average incremental accuracy",
+                    "## S&B ablation", "## S&B minus STD"):
+        assert heading in md, heading
+    # the tables print again from what came back, without the learners
+    again = subprocess.run([sys.executable, str(BENCHMARKS / "compare_report.py"), str(out)], capture_output=True,
+                           text=True, check=True, env=env).stdout
+    assert again.rstrip("\n") == report_mod.report_markdown(seq).rstrip("\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# Planning
+# ----------------------------------------------------------------------------------------------
+
+
+def test_step_sizes_and_splits_of_the_paper_shaped_run(pc):
+    order = list(range(100))
+    assert pc.step_images([500] * 100, order, 10, 2000) == [5000] + [7000] * 9
+    assert pc.step_images([500] * 100, order, 10, 20_000) == [5000 + min(20_000, 5000 * t) for t in range(10)]
+    split = pc.split_steps(10, 10, 1.15, 1.0)  # rho 1.15: steps 2-7 split, 8-10 have bf = 1
+    assert split == [False] + [True] * 6 + [False] * 3
+    cost = pc.row_image_epochs(pc.step_images([500] * 100, order, 10, 2000), split)
+    assert cost == {"sb-wa": 5000 + 6 * 3 * 7000 + 3 * 7000, "std-wa": 5000 + 9 * 7000, "std-wa-equal": 152_000}
+
+
+def config(pc, **kw):
+    return pc.CompareConfig(train=Path("t"), test=Path("v"), out=Path("o"), **{"overhead_s_per_step": 0.0, **kw})
+
+
+def test_epochs_fill_the_budget_and_the_control_joins_only_when_it_fits(pc):
+    cost = {"sb-wa": 152_000, "std-wa": 68_000, "std-wa-equal": 152_000}
+    # 40,000 img/s for 300 s: 12M images; three rows cost 372,000 an epoch: 32 epochs
+    assert pc.fit_epochs(config(pc), 40_000, cost, 300) == (32, ["sb-wa", "std-wa", "std-wa-equal"])
+    # 10,000 img/s: three rows would get 8 epochs (< 10): two rows, 13 epochs (220,000 an epoch)
+    assert pc.fit_epochs(config(pc), 10_000, cost, 300) == (13, ["sb-wa", "std-wa"])
+    assert pc.fit_epochs(config(pc, control="yes"), 10_000, cost, 300) == (8, ["sb-wa", "std-wa", "std-wa-equal"])
+    assert pc.fit_epochs(config(pc, control="no"), 40_000, cost, 300)[1] == ["sb-wa", "std-wa"]
+    assert pc.fit_epochs(config(pc, epochs=5), 40_000, cost, 300)[0] == 5
+    assert pc.fit_epochs(config(pc), 1e9, cost, 300)[0] == 200  # the paper's 200 at most
+    assert pc.fit_epochs(config(pc), 1.0, cost, 300)[0] == 1  # at least one
+    overhead = config(pc, overhead_s_per_step=10.0)  # 10 steps x 10 s per row come off the budget
+    assert pc.fit_epochs(overhead, 40_000, cost, 300 + 300) == (32, ["sb-wa", "std-wa", "std-wa-equal"])
+    sb_only = config(pc, main_rows=("sb-wa",), control="no")
+    assert pc.fit_epochs(sb_only, 40_000, cost, 300) == (78, ["sb-wa"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Tables
+# ----------------------------------------------------------------------------------------------
+
+
+def history(accuracies: list[float], sb: bool = False) -> list[dict]:
+    steps = []
+    for t, acc in enumerate(accuracies):
+        metrics = {"overall": acc, "old": acc - 5, "new": acc + 5, "intra_old": acc + 1, "intra_new": acc + 2}
+        record = {"partition": {"is_split": t < 2}, "after_B": {"overall": acc - 3} if t < 2 else None,
+                  "after_C": {"overall": acc - 1}} if sb and t else {}
+        record = {k: v for k, v in record.items() if v is not None}
+        phases = [{"name": n, "epochs": 2, "seconds": 1.0, "images_per_s": 100.0} for n in
+                  (("A", "B", "C") if sb and t and t < 2 else ("x",))]
+        steps.append({"step": t + 1, "num_classes": 2 * (t + 1), "metrics": metrics, "phases": phases, "record": record,
+                      "seconds": 3.0})
+    return steps
+
+
+def test_the_report_computes_averages_differences_and_the_ablation(tmp_path, report_mod):
+    for row, hist in (("sb-wa", history([80.0, 70.0, 60.0], sb=True)), ("std-wa", history([80.0, 66.0, 55.0])),
+                      ("std-wa-equal", history([80.0, 69.0]))):  # the control stopped after two steps
+        (tmp_path / f"learner-{row}.json").write_text(json.dumps({"history": hist}))
+    cfg = {"tasks": 3, "train": "x/tiny/train", "width": 1.0, "budget_s": 60.0, "batch_size": 256, "lr": 0.1,
+           "memory": 2000, "rho": 1.15, "order_seed": 0, "seed": 0}
+    plan = {"epochs": 2, "rows": ["sb-wa", "std-wa", "std-wa-equal"], "calibration": {"device": "GPU", "torch": "9"}}
+    report = report_mod.build_report(cfg, plan, tmp_path, {"stopped": "stopped at the time budget"})
+    sb = report["rows"]["sb-wa"]
+    assert sb["avg_2_to_T"] == 65.0 and sb["avg_1_to_T"] == 70.0 and sb["last"] == 60.0
+    assert sb["epochs_per_step"] == [2, 6, 2]
+    assert report["difference_2_to_T"] == {"S&B - STD + WA": pytest.approx(65.0 - 60.5)}  # the partial row is left out
+    first, second = report["ablation"]
+    assert first == {"step": 2, "split": True, "after_B": 67.0, "after_C": 69.0, "after_WA": 70.0}
+    assert math.isnan(second["after_B"])  # an unsplit step has no phase B
+    assert {k: v for k, v in second.items() if k != "after_B"} == {"step": 3, "split": False, "after_C": 59.0,
+                                                                   "after_WA": 60.0}
+    assert report["paper_difference_2_to_T"]["CIFAR-100, 10 tasks of 10 classes, 32 px"] == pytest.approx(3.25)
+    md = report_mod.report_markdown(report)
+    assert "| S&B - STD + WA (this run) | +4.50 |" in md and "+3.25" in md and "stopped at the time budget" in md
+    assert "| STD + WA, S&B's epochs per step | 80.00 | 69.00 | – |" in md
+    assert "| 2 | yes | 67.00 | 69.00 | 70.00 |" in md and "| 3 | no (bf = 1) | – | 59.00 | 60.00 |" in md
+
+
+def test_junit_summary_counts_failures_and_groups_skip_reasons(tmp_path):
+    gc = load("gpu_check")
+    xml = tmp_path / "j.xml"
+    xml.write_text('<testsuites><testsuite tests="4" failures="1" errors="0" skipped="2">'
+                   '<testcase classname="t" name="a"/>'
+                   '<testcase classname="t" name="b"><failure message="boom"/></testcase>'
+                   '<testcase classname="t" name="c"><skipped message="no GPU"/></testcase>'
+                   '<testcase classname="t" name="d"><skipped message="no GPU"/></testcase>'
+                   '</testsuite></testsuites>')
+    summary = gc.junit_summary(xml)
+    assert summary["counts"] == {"tests": 4, "failures": 1, "errors": 0, "skipped": 2, "passed": 1}
+    assert summary["failed"] == [{"test": "t::b", "message": "boom"}] and summary["skip_reasons"] == {"no GPU": 2}
