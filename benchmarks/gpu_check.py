@@ -57,6 +57,7 @@ class CheckConfig:
     skip: tuple[str, ...] = ()
     bench_seconds: float = 3.0
     bench_rounds: int = 2
+    bench_compile: bool = False  # also the benchmark with --compile (compiling costs a minute or two)
     profile: str = "auto"  # auto: when the engine misses its target on CUDA; yes; no
     sequence: str = "compare"  # compare, sb, none
     sequence_epochs: int | None = None  # per phase; None: fit the time left
@@ -198,9 +199,10 @@ def bench_args(cfg: CheckConfig, out: Path) -> list[str]:
             "--without-teacher", "--json", str(out)]
 
 
-def engine_bench(check: Check) -> dict:
-    out = check.cfg.work / "engine_speed.json"
-    cmd = bench_args(check.cfg, out)
+def engine_bench(check: Check, compiled: bool = False) -> dict:
+    """The benchmark's rows against the targets; ``compiled``: a second run with ``--compile`` (one round)."""
+    out = check.cfg.work / ("engine_speed_compile.json" if compiled else "engine_speed.json")
+    cmd = bench_args(check.cfg, out) + (["--compile", "--rounds", "1"] if compiled else [])
     code, output, seconds = run_logged(cmd, timeout=min(300.0, max(30.0, check.left() - 150)))
     result = {"command": " ".join(cmd[1:]), "exit_code": code, "seconds": round(seconds, 1)}
     if code != 0 or not out.is_file():
@@ -312,17 +314,8 @@ def markdown(r: dict) -> str:
         lines += [f"- FAILED {f['test']}: {f['message']}" for f in t.get("failed", [])]
         lines += [f"- skipped ({n}): {reason}" for reason, n in t.get("skip_reasons", {}).items()]
         lines.append("")
-    b = r.get("bench")
-    if b and b.get("rows"):
-        lines += ["## Engine throughput (benchmarks/engine_speed.py)", "", f"{b['hardware']} · torch {b['torch']} · "
-                  f"`{b['command']}`", "", "| loop | img/s | x reference |", "|---|---:|---:|"]
-        lines += [f"| {row['name']} | {row['img_s']:,.0f} | {row['x_reference']:.1f}x |" for row in b["rows"]]
-        verdict = "meets" if b["meets_target"] else "MISSES"
-        hours = ", ".join(f"{k}: {v:.1f} h" for k, v in b["paper_cifar100_10_tasks_hours"].items())
-        lines += ["", f"With a teacher: {b['with_teacher_img_s']:,.0f} img/s, {verdict} the target (>= {TARGET_IMG_S:,.0f} "
-                  f"img/s and >= {TARGET_X_REF:.0f}x the reference). Paper CIFAR-100 10-task schedule at these rates: {hours}.", ""]
-    elif b:
-        lines += ["## Engine throughput", "", f"FAILED (exit {b['exit_code']}):", "", "```", b.get("tail", ""), "```", ""]
+    for key, title in (("bench", "Engine throughput"), ("compile", "Engine throughput with --compile")):
+        lines += bench_markdown(r.get(key), title)
     p = r.get("profile")
     if p and p.get("top"):
         busy = "" if p["gpu_busy_fraction"] is None else f", GPU busy {100 * p['gpu_busy_fraction']:.0f} % of the wall time"
@@ -335,7 +328,7 @@ def markdown(r: dict) -> str:
     if s and "rows" in s:
         from compare_report import report_markdown
 
-        lines += [report_markdown(s).replace("\n# ", "\n## ", 1).replace("# ", "## ", 1)]
+        lines += [report_markdown(s).replace("# ", "## ", 1)]  # its title one level down
     elif s:
         lines += ["## Sequence", "", str(s.get("skipped") or s.get("error")), ""]
     for step, error in r.get("errors", {}).items():
@@ -344,7 +337,34 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-STEPS = ("env", "tests", "bench", "profile", "sequence")
+def bench_markdown(b: dict | None, title: str) -> list[str]:
+    if not b:
+        return []
+    if not b.get("rows"):
+        return [f"## {title}", "", f"FAILED (exit {b['exit_code']}):", "", "```", b.get("tail", ""), "```", ""]
+    lines = [f"## {title} (benchmarks/engine_speed.py)", "", f"{b['hardware']} · torch {b['torch']} · `{b['command']}`",
+             "", "| loop | img/s | x reference |", "|---|---:|---:|"]
+    lines += [f"| {row['name']} | {row['img_s']:,.0f} | {row['x_reference']:.1f}x |" for row in b["rows"]]
+    verdict = "meets" if b["meets_target"] else "MISSES"
+    hours = ", ".join(f"{k}: {v:.1f} h" for k, v in b["paper_cifar100_10_tasks_hours"].items())
+    return lines + ["", f"With a teacher: {b['with_teacher_img_s']:,.0f} img/s, {verdict} the target (>= "
+                    f"{TARGET_IMG_S:,.0f} img/s and >= {TARGET_X_REF:.0f}x the reference). Paper CIFAR-100 10-task "
+                    f"schedule at these rates: {hours}.", ""]
+
+
+def travel_size(repo: Path, carry: list[str]) -> dict:
+    """What a device call would send: tracked and untracked-not-ignored files plus the carried paths (bytes)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=repo, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    tree = sum((repo / f).stat().st_size for f in listed if f and (repo / f).is_file())
+    carried = {c: sum(p.stat().st_size for p in (repo / c).rglob("*") if p.is_file()) if (repo / c).is_dir()
+               else ((repo / c).stat().st_size if (repo / c).is_file() else 0) for c in carry}
+    total = tree + sum(carried.values())
+    return {"tree_mib": round(tree / 2**20, 1), "carried_mib": {k: round(v / 2**20, 1) for k, v in carried.items()},
+            "total_mib": round(total / 2**20, 1), "limit_mib": 64, "fits": total <= 64 * 2**20}
+
+
+STEPS = ("env", "tests", "bench", "compile", "profile", "sequence")
 
 
 def run(cfg: CheckConfig) -> dict:
@@ -352,9 +372,11 @@ def run(cfg: CheckConfig) -> dict:
     cfg.work.mkdir(parents=True, exist_ok=True)
     check.results["config"] = {k: str(v) for k, v in dataclasses.asdict(cfg).items()}
     actions = {"env": environment, "tests": lambda: gpu_tests(check), "bench": lambda: engine_bench(check),
-               "profile": lambda: profile(check), "sequence": lambda: sequence(check)}
+               "compile": lambda: engine_bench(check, compiled=True), "profile": lambda: profile(check),
+               "sequence": lambda: sequence(check)}
     for step in STEPS:
-        if step in cfg.skip or (step == "sequence" and cfg.sequence == "none") or not wants_profile(check, step):
+        off = (step == "sequence" and cfg.sequence == "none") or (step == "compile" and not cfg.bench_compile)
+        if step in cfg.skip or off or not wants_profile(check, step):
             continue
         try:
             check.record(step, actions[step]())
@@ -384,21 +406,29 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
     p.add_argument("--skip", default="", help=f"comma-separated steps to leave out: {','.join(STEPS)}")
     p.add_argument("--bench-seconds", type=float, default=3.0)
     p.add_argument("--bench-rounds", type=int, default=2)
+    p.add_argument("--bench-compile", action="store_true", help="also the benchmark with --compile (one round)")
     p.add_argument("--profile", choices=("auto", "yes", "no"), default="auto")
     p.add_argument("--sequence", choices=("compare", "sb", "none"), default="compare")
     p.add_argument("--sequence-epochs", type=int, default=None, help="epochs a phase (default: fit the time left)")
     p.add_argument("--control", choices=("auto", "yes", "no"), default="auto")
+    p.add_argument("--travel-size", action="store_true",
+                   help="run here before the device call: print what it would send (MiB, of 64) and exit")
     a = p.parse_args(argv)
     skip = tuple(s for s in a.skip.split(",") if s)
     unknown = set(skip) - set(STEPS)
     if unknown:
         p.error(f"--skip: unknown steps {', '.join(sorted(unknown))}")
     return CheckConfig(out=a.out, data=a.data, work=a.work, budget_s=a.budget_s, dry=a.dry, skip=skip,
-                       bench_seconds=a.bench_seconds, bench_rounds=a.bench_rounds, profile=a.profile,
+                       bench_seconds=a.bench_seconds, bench_rounds=a.bench_rounds, bench_compile=a.bench_compile,
+                       profile=a.profile,
                        sequence=a.sequence, sequence_epochs=a.sequence_epochs, control=a.control)
 
 
 def main(argv: list[str] | None = None) -> None:
+    if "--travel-size" in (sys.argv[1:] if argv is None else argv):
+        size = travel_size(REPO, [".gpu-data", ".whl"])  # run here, before the device call
+        print(json.dumps(size))
+        sys.exit(0 if size["fits"] else 1)
     cfg = parse(argv)
     if cfg.dry:
         import torch

@@ -173,3 +173,33 @@ def test_junit_summary_counts_failures_and_groups_skip_reasons(tmp_path):
     summary = gc.junit_summary(xml)
     assert summary["counts"] == {"tests": 4, "failures": 1, "errors": 0, "skipped": 2, "passed": 1}
     assert summary["failed"] == [{"test": "t::b", "message": "boom"}] and summary["skip_reasons"] == {"no GPU": 2}
+
+
+def test_travel_size_counts_what_the_device_call_sends(tmp_path):
+    gc = load("gpu_check")
+    run = lambda *cmd: subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
+    run("git", "init", "-q")
+    (tmp_path / ".gitignore").write_text("/.gpu-data/\n/runs/\n")
+    (tmp_path / "tracked.bin").write_bytes(b"x" * 2**20)
+    run("git", "add", "tracked.bin", ".gitignore")
+    (tmp_path / "untracked.bin").write_bytes(b"y" * 2**20)  # not ignored: it travels too
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "runs" / "big.bin").write_bytes(b"z" * 5 * 2**20)  # ignored, not carried: stays here
+    (tmp_path / ".gpu-data").mkdir()
+    (tmp_path / ".gpu-data" / "data.zip").write_bytes(b"d" * 3 * 2**20)
+    size = gc.travel_size(tmp_path, [".gpu-data", ".whl"])
+    assert size["tree_mib"] == 2.0 and size["carried_mib"] == {".gpu-data": 3.0, ".whl": 0.0}
+    assert size["total_mib"] == 5.0 and size["fits"] is True
+
+
+def test_the_gpu_benchmark_is_the_issues_configuration(tmp_path):
+    gc = load("gpu_check")
+    cfg = gc.CheckConfig(out=tmp_path, data=tmp_path / "d.zip", work=tmp_path)
+    args = gc.bench_args(cfg, tmp_path / "speed.json")
+    pairs = dict(zip(args[2::2], args[3::2], strict=False))
+    assert args[1] == "benchmarks/engine_speed.py" and "--without-teacher" in args
+    assert {k: pairs[k] for k in ("--device", "--width", "--batch-size", "--image-size", "--precision")} == {
+        "--device": "cuda", "--width": "1.0", "--batch-size": "256", "--image-size": "32", "--precision": "auto"}
+    assert gc.parse(["--out", str(tmp_path)]).sequence == "compare"  # the real run is the default
+    with pytest.raises(SystemExit):
+        gc.parse(["--skip", "benchmark"])  # a misspelt step is refused, not silently run
