@@ -221,14 +221,15 @@ def run_bench(plan: BenchPlan, out: Path, *, plots: bool = True, on_cell: CellFn
 
 def cell_summary(history: list[dict]) -> dict:
     """One cell's numbers: both averages, last, and the per-step curves (accuracy, intra-old/new)."""
-    from sbcli.metrics import average_incremental
+    from sbcli.metrics import history_summary
 
     overall = [h["metrics"]["overall"] for h in history]
     later = history[1:]
+    s = history_summary(history)
     return {
-        "avg_2_to_T": average_incremental(overall, skip_first=True),
-        "avg_1_to_T": average_incremental(overall, skip_first=False),
-        "last": overall[-1] if overall else math.nan,
+        "avg_2_to_T": s["avg_incremental_2_to_T"],
+        "avg_1_to_T": s["avg_incremental_1_to_T"],
+        "last": s["last"],
         "classes": [h["num_classes"] for h in history],
         "accuracy": overall,
         "intra_old": _mean([h["metrics"]["intra_old"] for h in later]),

@@ -1,13 +1,14 @@
 """The one training loop. A method describes its phases; the engine runs them.
 
 Per phase: a fresh SGD (Nesterov) optimiser, a multi-step schedule whose milestones scale with
-the phase's epochs (60/120/160 of 200 by default), batches drawn by permutation from
+the phase's epochs (60/120/160 of 200 by default) after an optional linear warm-up
+(:mod:`sbcli.schedule`), batches drawn by permutation from
 device-resident uint8 images, augmentation on the device, the teacher's forward in the same
 step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autocast wherever the
 device computes in bf16 natively (see :func:`native_bf16`; ``TrainConfig.precision`` overrides it),
 a fused optimiser on CUDA. Losses are summed
 on the device and read once per epoch, so an epoch has no host synchronisation (tests/test_gpu.py
-counts them on CUDA). Evaluation runs in full float32, without TF32 on CUDA (:func:`exact_float32`).
+counts them on CUDA). Evaluation runs in full float32, without TF32 on CUDA (:func:`sbcli.device.exact_float32`).
 Measurements: docs/performance.md (benchmarks/engine_speed.py).
 
 Under torchrun (see :mod:`sbcli.distributed`) the student is wrapped in DistributedDataParallel:
@@ -19,16 +20,23 @@ is sharded over ranks and gathered on each.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from sbcli import distributed
+from sbcli import distributed, schedule
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
+from sbcli.device import (
+    PRECISIONS,
+    cudnn_autotune,
+    exact_float32,
+    native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
+    uses_bf16,
+)
 from sbcli.errors import ConfigError
+from sbcli.schedule import PhaseSchedule
 
 
 @dataclass(frozen=True)
@@ -45,56 +53,14 @@ class TrainConfig:
     compile: bool = False  # torch.compile the student and the teacher (once per phase; slower to start)
     eval_batch_size: int = 1024
     precision: str = "auto"  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
+    warmup_epochs: float = 0.0  # linear lr warm-up at the start of every phase (sbcli.schedule); 0: the paper's
+    zero_init_residual: bool = False  # last BN of each residual block starts at 0 (each block the identity)
 
     def __post_init__(self) -> None:
+        if self.warmup_epochs < 0:
+            raise ConfigError(f"--warmup-epochs {self.warmup_epochs} is negative; give 0 (no warm-up) or more.")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes in bf16 natively, so that bf16 autocast is faster than float32.
-
-    A CUDA GPU with bf16 units (Ampere or later), or a CPU with AVX-512 BF16 or AMX tiles (oneDNN's
-    bf16 convolutions; measured 1.7x to 2.0x the float32 step on a 2-core EPYC VM, docs/performance.md).
-    Elsewhere bf16 would be emulated, slower than float32.
-    """
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    if device.type == "cpu":
-        return any(getattr(torch.cpu, probe, lambda: False)()
-                   for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return False
-
-
-def uses_bf16(precision: str, device: torch.device) -> bool:
-    """Whether steps run under bf16 autocast: ``auto`` means where the device has native bf16."""
-    return PRECISIONS[precision](device)
-
-
-PRECISIONS: dict[str, Callable[[torch.device], bool]] = {
-    "auto": native_bf16,
-    "bf16": lambda device: True,
-    "fp32": lambda device: False,
-}
-
-
-@contextmanager
-def exact_float32(device: torch.device) -> Iterator[None]:
-    """On CUDA, float32 convolutions and matrix products in full float32 rather than TF32.
-
-    cuDNN computes float32 convolutions in TF32 by default (10-bit mantissa): then a CUDA
-    evaluation would differ from the CPU's and the ONNX model's by about 1e-3 and could flip an
-    argmax. Scoring is a small part of a run, so it is done in full precision. No-op elsewhere.
-    """
-    if device.type != "cuda":
-        yield
-        return
-    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
 @dataclass(frozen=True)
@@ -163,10 +129,11 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> 
                            weight_decay=cfg.weight_decay, fused=fused or None)
 
 
-def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int) -> torch.optim.lr_scheduler.MultiStepLR:
-    """Milestones at the configured fractions of the phase's epochs (60/120/160 of 200)."""
-    milestones = sorted({max(1, round(f * epochs)) for f in cfg.milestones})
-    return torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=cfg.lr_decay)
+def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int, batches_per_epoch: int) -> PhaseSchedule:
+    """Milestones at the configured fractions of the phase's epochs (60/120/160 of 200), after
+    ``cfg.warmup_epochs`` of linear warm-up."""
+    return schedule.make_schedule(opt, cfg.lr, cfg.milestones, cfg.lr_decay, epochs, batches_per_epoch,
+                                  cfg.warmup_epochs)
 
 
 class Engine:
@@ -185,8 +152,6 @@ class Engine:
         self.channels_last = True
         self.autocast = uses_bf16(cfg.precision, device)
         self.precision = "bf16" if self.autocast else "fp32"  # as run, for the progress lines and the record
-        if device.type == "cuda":
-            torch.backends.cudnn.benchmark = True  # fixed batch shapes: let cuDNN pick its fastest kernels
 
     def _augment_generator(self, seed: int) -> torch.Generator:
         """Crop/flip draws: the permutation's generator on one CPU process (as it always was),
@@ -198,12 +163,21 @@ class Engine:
     def run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
         """Train ``model`` for one phase on ``data``; the teacher (if any) runs in eval mode.
 
+        On CUDA, cuDNN autotunes its kernels for the phase (batch shapes are fixed) and the
+        process's own ``cudnn.benchmark`` setting is restored afterwards.
+        """
+        with cudnn_autotune(self.device):
+            return self._run(model, data, phase)
+
+    def _run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
+        """The phase itself: optimiser, schedule, the epoch loop.
+
         Everything built here (layout, optimiser, DDP wrapper, compiled graphs) is built once per
         phase; the epoch loop only launches work and reads the loss once per epoch.
         """
         self._to_layout(model, phase.teacher)
         opt = make_optimizer(model, self.cfg, self.device)
-        sched = make_schedule(opt, self.cfg, phase.epochs)
+        sched = make_schedule(opt, self.cfg, phase.epochs, schedule.steps_per_epoch(len(data), self.cfg.batch_size))
         student = self._compiled(distributed.data_parallel(model, self.device, self.dist))
         teacher = None if phase.teacher is None else self._compiled(phase.teacher.eval())
         start, seen, loss = time.perf_counter(), 0, float("nan")
@@ -213,6 +187,7 @@ class Engine:
             total, count = torch.zeros((), device=self.device), 0
             for batch in data.batch_indices(self.cfg.batch_size, self.generator):
                 idx = distributed.shard(batch, self.dist)
+                sched.before_step()
                 total += self._step(student, teacher, model, data, idx, phase, opt).detach()
                 count += 1
             sched.step()

@@ -26,7 +26,8 @@ from typer.testing import CliRunner
 from sbcli import api, distributed
 from sbcli.cli.app import app
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
-from sbcli.engine import Engine, Phase, StepOutputs, TrainConfig, exact_float32
+from sbcli.device import exact_float32
+from sbcli.engine import Engine, Phase, StepOutputs, TrainConfig
 from sbcli.losses import ce_loss, kd_ce_loss
 from sbcli.methods.common import clip_head_weights, frozen_copy, zero_head_bias
 from sbcli.methods.split_bridge import separated_loss

@@ -214,14 +214,6 @@ def test_normalisation_is_inside_the_graph(exported) -> None:
     np.testing.assert_allclose(run_onnx(path, x), raw, atol=1e-4, rtol=0)
 
 
-def test_rule_computed_outside_the_network_is_refused_with_a_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(inference.SCORERS, "outside", lambda model, extra, engine, images: engine.logits(model, images))
-    monkeypatch.setattr(onnx_export, "inference_rule", lambda _: "outside")
-    with pytest.raises(ExportError, match="'outside' is computed outside the network"):
-        onnx_export.export_onnx(make_learner("std"), tmp_path / "x.onnx")
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_failed_parity_check_leaves_nothing(exported, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import onnx
 

@@ -17,7 +17,7 @@ METHOD_KEYS = ("inference", "rho", "sparsity", "gamma", "bn_reset")
 RECIPE_KEYS = frozenset({
     "source", "test", "data_root", "image_size", "tasks", "base", "increment", "classes", "order_seed", "class_order",
     "method", *METHOD_KEYS, "phase_epochs", "arch", "width", "epochs", "batch_size", "lr", "memory", "selection",
-    "seed", "recipe_path",
+    "seed", "recipe_path", "warmup_epochs", "zero_init_residual", "pretrained", "pretrained_sha256",
 })
 
 
@@ -62,9 +62,11 @@ def build_options(given: dict, defaults: dict):
                           increment=o.get("increment"), order_seed=order_seed, class_order=o.get("class_order"),
                           classes=o.get("classes"))
     train = TrainConfig(epochs=o["epochs"], batch_size=o["batch_size"], lr=o["lr"], compile=o.get("compile", False),
-                        precision=o.get("precision", "auto"))
+                        precision=o.get("precision", "auto"), warmup_epochs=o.get("warmup_epochs", 0.0),
+                        zero_init_residual=o.get("zero_init_residual", False))
     run = RunOptions(method=o["method"], method_options=method_options, arch=o["arch"], width=o["width"], train=train,
-                     memory=o["memory"], selection=o["selection"], seed=o["seed"], device=o.get("device", "auto"))
+                     memory=o["memory"], selection=o["selection"], seed=o["seed"], device=o.get("device", "auto"),
+                     pretrained=o.get("pretrained"), pretrained_sha256=o.get("pretrained_sha256"))
     return seq, run, Path(o["out"])
 
 
@@ -74,7 +76,7 @@ def _str(value: Any) -> str | None:
 
 def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool) -> None:
     from sbcli import api, distributed
-    from sbcli.metrics import summary
+    from sbcli.metrics import history_summary
 
     every = max(1, run.train.epochs // 10)
     main = distributed.is_main_process()  # under torchrun, rank 0 alone prints
@@ -86,7 +88,7 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool)
     if not main:
         return
     history = learner.state.history
-    result = summary([h["metrics"]["overall"] for h in history], [h["metrics"]["per_task"] for h in history])
+    result = history_summary(history)
     if json_out:
         render.print_json({"learner": str(out), "history": history, "summary": result})
         return
@@ -95,4 +97,17 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool)
     if ablation is not None:
         render.OUT.print(ablation)
     render.OUT.print(render.summary_table(result))
+    render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
     render.OUT.print(f"Learner saved to {out}; add classes with `sb add-task {out} FOLDER --test FOLDER`.")
+
+
+def closing_line(history: list[dict]) -> str:
+    """What the last step's numbers mean, in one line: against chance, and old classes against new ones."""
+    last, seen = history[-1]["metrics"], history[-1]["num_classes"]
+    new = seen - (history[-2]["num_classes"] if len(history) > 1 else 0)
+    text = (f"After step {len(history)}: {last['overall']:.1f} % of the test images right over all {seen} classes "
+            f"seen (chance {100 / seen:.1f} %)")
+    if len(history) == 1 or last["old"] != last["old"]:  # one task, or no old-class test images
+        return text + "."
+    return (f"{text}; {last['old']:.1f} % on the {seen - new} old classes (what was kept), {last['new']:.1f} % "
+            f"on the {new} new ones (what was learned).")

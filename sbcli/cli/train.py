@@ -25,10 +25,14 @@ from sbcli.cli._options import (
     MemoryOpt,
     OrderSeedOpt,
     PrecisionOpt,
+    PretrainedHashOpt,
+    PretrainedOpt,
     SeedOpt,
     SelectionOpt,
     TestOpt,
+    WarmupOpt,
     WidthOpt,
+    ZeroInitOpt,
 )
 
 EPILOG = """Examples:
@@ -42,7 +46,8 @@ EPILOG = """Examples:
 
 # What a run uses when an option is not given: the paper's settings for benchmarks, and a
 # CPU-sized budget for the bundled demo so that `sb train` alone ends in a few minutes.
-GLOBAL_DEFAULTS = {"method": "sb", "arch": "resnet18", "lr": 0.1, "selection": "random", "seed": 0, "order_seed": 0}
+GLOBAL_DEFAULTS = {"method": "sb", "arch": "resnet18", "lr": 0.1, "selection": "random", "seed": 0, "order_seed": 0,
+                   "warmup_epochs": 1.0, "zero_init_residual": True}  # stable early training (the paper recipes: 0, false)
 DEMO_DEFAULTS = {"tasks": 5, "width": 0.25, "epochs": 4, "batch_size": 64, "memory": 200}
 PAPER_DEFAULTS = {"tasks": 10, "width": 1.0, "epochs": 200, "batch_size": 256, "memory": 2000}
 FOLDER_DEFAULTS = {"tasks": 1, "width": 1.0, "epochs": 30, "batch_size": 128, "memory": 2000}
@@ -72,7 +77,7 @@ def train(
     order_seed: OrderSeedOpt = None,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="A named recipe (e.g. paper-10) or a recipe .toml file; options given override it.", rich_help_panel=METHOD, show_default=False)] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="sb (default), std, finetune, ... (`sb methods` lists them).", rich_help_panel=METHOD, show_default=False)] = None,
-    inference: Annotated[Optional[str], typer.Option("--inference", help="wa or none (std, sb); more with other methods.", rich_help_panel=METHOD, show_default=False)] = None,
+    inference: Annotated[Optional[str], typer.Option("--inference", help="Inference rule: sb and dd take wa or none; std takes wa, bic, icarl or none (default wa).", rich_help_panel=METHOD, show_default=False)] = None,
     rho: Annotated[Optional[float], typer.Option("--rho", help="sb: split ratio factor (paper 1.0 to 1.4).", rich_help_panel=METHOD, show_default=False)] = None,
     sparsity: Annotated[Optional[str], typer.Option("--sparsity", help="sb: 'code' (authors' group lasso) or 'paper'.", rich_help_panel=METHOD, show_default=False)] = None,
     gamma: Annotated[Optional[float], typer.Option("--gamma", help="sb: weight of the sparsity penalty.", rich_help_panel=METHOD, show_default=False)] = None,
@@ -83,6 +88,10 @@ def train(
     epochs: EpochsOpt = None,
     batch_size: BatchSizeOpt = None,
     lr: LrOpt = None,
+    warmup_epochs: WarmupOpt = None,
+    zero_init_residual: ZeroInitOpt = None,
+    pretrained: PretrainedOpt = None,
+    pretrained_sha256: PretrainedHashOpt = None,
     memory: MemoryOpt = None,
     selection: SelectionOpt = None,
     compile: CompileOpt = False,

@@ -48,7 +48,7 @@ class OnnxConfig:
         tolerance: the largest allowed |ONNX - PyTorch| score difference, relative to
             max(1, largest |score|); the issue asks for 1e-4.
         check_images: at most this many exemplar images are compared.
-        opset: ONNX opset; None lets torch pick its default (18 with torch 2.14).
+        opset: ONNX opset; None lets torch pick its default (opset 20 with torch 2.14).
     """
 
     tolerance: float = 1e-4

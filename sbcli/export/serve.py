@@ -55,7 +55,7 @@ class TorchClassifier:
     def scores(self, images: np.ndarray) -> np.ndarray:
         import torch
 
-        from sbcli.engine import exact_float32
+        from sbcli.device import exact_float32
 
         with torch.no_grad(), exact_float32(self.device):
             return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
@@ -85,7 +85,7 @@ def _is_onnx(path: Path) -> bool:
 
 
 def open_learner(path: Path, device: str) -> TorchClassifier:
-    from sbcli.api import resolve_device
+    from sbcli.device import resolve_device
     from sbcli.export.onnx import serving_model
     from sbcli.learner import Learner
 
@@ -96,7 +96,7 @@ def open_learner(path: Path, device: str) -> TorchClassifier:
 
 
 def open_onnx(path: Path, device: str) -> OnnxClassifier:
-    from sbcli.api import resolve_device
+    from sbcli.device import resolve_device
     from sbcli.export.onnx import read_metadata, require_onnxruntime
 
     ort = require_onnxruntime()

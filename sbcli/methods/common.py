@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 from torch import nn
 
-from sbcli.engine import Phase, StepOutputs
-from sbcli.losses import ce_loss
+from sbcli.engine import LossFn, Phase, StepOutputs
+from sbcli.losses import ce_loss, kd_ce_loss
 from sbcli.methods.base import TaskContext, TaskResult
 from sbcli.nets.resnet import IncrementalResNet
 
@@ -48,6 +49,30 @@ def weight_align(model: IncrementalResNet, num_old: int) -> float:
 def ce(out: StepOutputs) -> torch.Tensor:
     """Plain cross-entropy over every seen class."""
     return ce_loss(out.logits, out.targets)
+
+
+def kd_ce(num_old: int, lam: float) -> LossFn:
+    """The STD loss, lambda * KD(the teacher's old logits) + (1 - lambda) * CE, as a phase loss."""
+
+    def loss(out: StepOutputs) -> torch.Tensor:
+        return kd_ce_loss(out.logits, out.targets, out.teacher_logits[:, :num_old], lam)
+
+    return loss
+
+
+def run_with_wa(ctx: TaskContext, phase: Phase, wa: bool) -> TaskResult:
+    """Run ``phase`` on the task; with ``wa`` the head bias is held at zero and the new rows aligned after.
+
+    The record keeps the accuracy before aligning (``before_wa``) and the factor (``wa_factor``).
+    """
+    if wa:
+        zero_head_bias(ctx.model)
+        phase = dataclasses.replace(phase, after_step=(*phase.after_step, zero_head_bias))
+    result = TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
+    if wa:
+        result.record["before_wa"] = ctx.evaluate().to_json()
+        result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
+    return result
 
 
 def learn_first_task(ctx: TaskContext, head_rules: bool) -> TaskResult:

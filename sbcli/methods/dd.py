@@ -23,7 +23,7 @@ from sbcli.engine import Phase, PhaseReport, StepOutputs
 from sbcli.errors import ConfigError
 from sbcli.losses import ce_loss, kd_loss
 from sbcli.methods.base import TaskContext, TaskResult, register_method
-from sbcli.methods.common import ce, learn_first_task, weight_align, zero_head_bias
+from sbcli.methods.common import ce, learn_first_task, run_with_wa
 
 INFERENCES = ("wa", "none")
 
@@ -91,13 +91,7 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     epochs = ctx.epochs if cfg.aux_epochs is None else cfg.aux_epochs
     aux, aux_report = train_temporary_network(ctx, epochs)
     teacher = PairTeacher(ctx.teacher, aux).eval()
-    wa = cfg.inference == "wa"
-    hooks = (zero_head_bias,) if wa else ()
-    if wa:
-        zero_head_bias(ctx.model)
-    phase = Phase("dd", double_distillation_loss(ctx.num_old, ctx.lam), ctx.epochs, teacher=teacher, after_step=hooks)
-    result = TaskResult(phases=[aux_report, ctx.engine.run(ctx.model, ctx.data, phase)])
-    if wa:
-        result.record["before_wa"] = ctx.evaluate().to_json()
-        result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
+    phase = Phase("dd", double_distillation_loss(ctx.num_old, ctx.lam), ctx.epochs, teacher=teacher)
+    result = run_with_wa(ctx, phase, cfg.inference == "wa")
+    result.phases.insert(0, aux_report)
     return result

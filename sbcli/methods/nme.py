@@ -10,19 +10,14 @@ is the nearest mean and slicing the scores by class (intra-old, intra-new) stays
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from sbcli.errors import ConfigError
+from sbcli.memory import FeatureFn
 from sbcli.nets.resnet import IncrementalResNet
 
 MEANS_KEY = "nme.class_means"  # read by the nme/icarl scoring module
-
-FeatureFn = Callable[[torch.Tensor], torch.Tensor]
-
 
 def class_means(features: FeatureFn, images: torch.Tensor, labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     """Unit-norm mean of the normalised features of each class's images and their flips.
@@ -48,7 +43,10 @@ def class_means(features: FeatureFn, images: torch.Tensor, labels: torch.Tensor,
 
 
 def refresh_means(model: IncrementalResNet, images: torch.Tensor, labels: torch.Tensor,
-                  features: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The class means of the exemplars ``images``/``labels`` under ``model`` (after a memory update)."""
-    means = class_means(lambda x: features(model, x), images, labels, model.num_classes)
+                  features: FeatureFn) -> dict[str, torch.Tensor]:
+    """The class means of the exemplars ``images``/``labels`` under ``model`` (after a memory update).
+
+    ``features`` gives ``model``'s pooled features of uint8 images.
+    """
+    means = class_means(features, images, labels, model.num_classes)
     return {MEANS_KEY: means.cpu()}

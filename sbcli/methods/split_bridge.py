@@ -16,9 +16,9 @@ import torch
 
 from sbcli.engine import LossFn, Phase, StepOutputs
 from sbcli.errors import ConfigError
-from sbcli.losses import kd_ce_loss, kd_loss, localized_ce
+from sbcli.losses import kd_loss, localized_ce
 from sbcli.methods.base import TaskContext, TaskResult, register_method
-from sbcli.methods.common import frozen_copy, learn_first_task, weight_align, zero_head_bias
+from sbcli.methods.common import frozen_copy, kd_ce, learn_first_task, weight_align, zero_head_bias
 from sbcli.nets.partition import (
     Partition,
     bridge,
@@ -70,13 +70,7 @@ def separated_loss(num_old: int, penalty: Penalty | None = None, gamma: float = 
     return loss
 
 
-def bridge_loss(num_old: int, lam: float) -> LossFn:
-    """lambda * KD + (1 - lambda) * CE; the teacher is the split model, KD on its old logits."""
-
-    def loss(out: StepOutputs) -> torch.Tensor:
-        return kd_ce_loss(out.logits, out.targets, out.teacher_logits[:, :num_old], lam)
-
-    return loss
+bridge_loss = kd_ce  # phase C: lambda * KD + (1 - lambda) * CE; the teacher is the split model, KD on its old logits
 
 
 def _epochs(value: int | None, default: int) -> int:
