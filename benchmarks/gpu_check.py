@@ -40,8 +40,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-TARGET_IMG_S = 40_000.0  # issue 10: with a teacher, on one H100/H200
-TARGET_X_REF = 10.0
+from gpu_check_report import TARGET_IMG_S, TARGET_X_REF, markdown  # noqa: E402
+from gpu_data import travel_size  # noqa: E402
+
 PACKAGES = {"torch": "torch", "torchvision": "torchvision", "typer": "typer", "rich": "rich", "numpy": "numpy",
             "PIL": "pillow", "safetensors": "safetensors", "onnx": "onnx", "onnxscript": "onnxscript",
             "onnxruntime": "onnxruntime", "pytest": "pytest", "matplotlib": "matplotlib"}
@@ -274,12 +275,13 @@ def gpu_busy_s(prof) -> float | None:
 
 def sequence(check: Check) -> dict:
     import paper_compare as pc
+    from gpu_data import DATA_NAME, unpack, write_tiny_archive
 
     cfg = check.cfg
-    archive = pc.write_tiny_archive(cfg.work / "tiny.zip") if cfg.dry else cfg.data
+    archive = write_tiny_archive(cfg.work / "tiny.zip") if cfg.dry else cfg.data
     if not archive.is_file():
-        return {"skipped": f"{archive} is missing (copy ../shared/data/{pc.DATA_NAME}.zip there before the call)"}
-    train, test = pc.unpack(archive, cfg.work / "data")
+        return {"skipped": f"{archive} is missing (copy ../shared/data/{DATA_NAME}.zip there before the call)"}
+    train, test = unpack(archive, cfg.work / "data")
     budget = check.left() - 20
     if budget < (30 if cfg.dry else 120):
         return {"skipped": f"only {budget:.0f} s left of the check's budget"}
@@ -290,78 +292,6 @@ def sequence(check: Check) -> dict:
         compare = pc.dry_config(compare)
     # no compare.json/.md of its own: the report goes into results.json/.md (8 files come back at most)
     return pc.run_compare(compare, cfg.work / "runs", prefix=None, on_report=lambda rep: check.record("sequence", rep))
-
-
-# ---------------------------------------------------------------------------------------------
-# Report
-# ---------------------------------------------------------------------------------------------
-
-
-def markdown(r: dict) -> str:
-    lines = ["# sbcli GPU check", ""]
-    env = r.get("env", {})
-    if env:
-        gpus = ", ".join(g["name"] for g in env.get("gpus", [])) or "no GPU"
-        lines += [f"{gpus} · torch {env.get('torch')} (CUDA {env.get('cuda')}, cuDNN {env.get('cudnn', '–')}, "
-                  f"NCCL {env.get('nccl', '–')}) · Python {env.get('python')} · {env.get('cpus')} CPUs · "
-                  f"missing packages: {', '.join(env.get('missing', [])) or 'none'} · WebP {env.get('webp')} · "
-                  f"sb --help {env.get('sbcli_help')}", ""]
-    t = r.get("tests")
-    if t:
-        c = t.get("counts", {})
-        lines += ["## pytest -m gpu", "", f"exit {t['exit_code']} · {c.get('passed', '?')} passed, {c.get('failures', 0)} "
-                  f"failed, {c.get('errors', 0)} errors, {c.get('skipped', '?')} skipped · {t['seconds']} s", ""]
-        lines += [f"- FAILED {f['test']}: {f['message']}" for f in t.get("failed", [])]
-        lines += [f"- skipped ({n}): {reason}" for reason, n in t.get("skip_reasons", {}).items()]
-        lines.append("")
-    for key, title in (("bench", "Engine throughput"), ("compile", "Engine throughput with --compile")):
-        lines += bench_markdown(r.get(key), title)
-    p = r.get("profile")
-    if p and p.get("top"):
-        busy = "" if p["gpu_busy_fraction"] is None else f", GPU busy {100 * p['gpu_busy_fraction']:.0f} % of the wall time"
-        lines += ["## Profile: one epoch of phase C", "", f"{p['batches']} batches of {p['batch_size']}, "
-                  f"{p['images_per_s']:,.0f} img/s under the profiler{busy}; sorted by {p['sort']}.", "",
-                  "| op | total ms | self ms | calls |", "|---|---:|---:|---:|"]
-        lines += [f"| {e['op']} | {e['total_ms']} | {e['self_ms']} | {e['calls']} |" for e in p["top"]]
-        lines.append("")
-    s = r.get("sequence")
-    if s and "rows" in s:
-        from compare_report import report_markdown
-
-        lines += [report_markdown(s).replace("# ", "## ", 1)]  # its title one level down
-    elif s:
-        lines += ["## Sequence", "", str(s.get("skipped") or s.get("error")), ""]
-    for step, error in r.get("errors", {}).items():
-        lines += [f"**{step} failed**: {error}", ""]
-    lines.append(f"Total {r.get('elapsed_s', '?')} s.")
-    return "\n".join(lines) + "\n"
-
-
-def bench_markdown(b: dict | None, title: str) -> list[str]:
-    if not b:
-        return []
-    if not b.get("rows"):
-        return [f"## {title}", "", f"FAILED (exit {b['exit_code']}):", "", "```", b.get("tail", ""), "```", ""]
-    lines = [f"## {title} (benchmarks/engine_speed.py)", "", f"{b['hardware']} · torch {b['torch']} · `{b['command']}`",
-             "", "| loop | img/s | x reference |", "|---|---:|---:|"]
-    lines += [f"| {row['name']} | {row['img_s']:,.0f} | {row['x_reference']:.1f}x |" for row in b["rows"]]
-    verdict = "meets" if b["meets_target"] else "MISSES"
-    hours = ", ".join(f"{k}: {v:.1f} h" for k, v in b["paper_cifar100_10_tasks_hours"].items())
-    return lines + ["", f"With a teacher: {b['with_teacher_img_s']:,.0f} img/s, {verdict} the target (>= "
-                    f"{TARGET_IMG_S:,.0f} img/s and >= {TARGET_X_REF:.0f}x the reference). Paper CIFAR-100 10-task "
-                    f"schedule at these rates: {hours}.", ""]
-
-
-def travel_size(repo: Path, carry: list[str]) -> dict:
-    """What a device call would send: tracked and untracked-not-ignored files plus the carried paths (bytes)."""
-    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=repo, capture_output=True,
-                            check=True).stdout.decode().split("\0")
-    tree = sum((repo / f).stat().st_size for f in listed if f and (repo / f).is_file())
-    carried = {c: sum(p.stat().st_size for p in (repo / c).rglob("*") if p.is_file()) if (repo / c).is_dir()
-               else ((repo / c).stat().st_size if (repo / c).is_file() else 0) for c in carry}
-    total = tree + sum(carried.values())
-    return {"tree_mib": round(tree / 2**20, 1), "carried_mib": {k: round(v / 2**20, 1) for k, v in carried.items()},
-            "total_mib": round(total / 2**20, 1), "limit_mib": 64, "fits": total <= 64 * 2**20}
 
 
 STEPS = ("env", "tests", "bench", "compile", "profile", "sequence")

@@ -35,7 +35,6 @@ import math
 import shutil
 import sys
 import time
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +53,7 @@ from sbcli.nets.partition import make_partition
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_report import ROWS, build_report, report_markdown  # noqa: E402
-
-DATA_NAME = "tiny-imagenet-100-32px"
+from gpu_data import DATA_NAME, unpack, write_tiny_archive  # noqa: E402
 
 
 class TimeUp(Exception):
@@ -91,45 +89,6 @@ class CompareConfig:
     cpu_eval: bool = True
     plots: bool = True
     main_rows: tuple[str, ...] = ("sb-wa", "std-wa")  # ("sb-wa",): S&B + WA alone (gpu_check --sequence sb)
-
-
-# ---------------------------------------------------------------------------------------------
-# Data
-# ---------------------------------------------------------------------------------------------
-
-
-def unpack(archive: Path, dest: Path) -> tuple[Path, Path]:
-    """Unzip the class-per-folder archive once; returns its ``train`` and ``test`` folders."""
-    root = dest / DATA_NAME
-    if not (root / "READY").is_file():
-        with zipfile.ZipFile(archive) as zf:
-            prefix = zf.namelist()[0].split("/")[0]
-            zf.extractall(dest)
-        if prefix != DATA_NAME:
-            (dest / prefix).rename(root)
-        (root / "READY").write_text("ok\n")
-    return root / "train", root / "test"
-
-
-def write_tiny_archive(path: Path, classes: int = 6, train: int = 12, test: int = 4, size: int = 32) -> Path:
-    """A small archive in the layout of the real one (WebP, class-per-folder), for dry runs and tests."""
-    import io
-
-    import numpy as np
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{DATA_NAME}/words.txt", "".join(f"n{c:08d}\tclass {c}\n" for c in range(classes)))
-        for c in range(classes):
-            colour = rng.integers(30, 226, 3)
-            for split, count in (("train", train), ("test", test)):
-                for i in range(count):
-                    pixels = np.clip(colour + rng.normal(0, 30, (size, size, 3)), 0, 255).astype(np.uint8)
-                    buf = io.BytesIO()
-                    Image.fromarray(pixels).save(buf, format="WEBP", quality=90)
-                    zf.writestr(f"{DATA_NAME}/{split}/n{c:08d}/{i}.webp", buf.getvalue())
-    return path
 
 
 # ---------------------------------------------------------------------------------------------

@@ -176,7 +176,7 @@ def test_junit_summary_counts_failures_and_groups_skip_reasons(tmp_path):
 
 
 def test_travel_size_counts_what_the_device_call_sends(tmp_path):
-    gc = load("gpu_check")
+    gd = load("gpu_data")
     run = lambda *cmd: subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
     run("git", "init", "-q")
     (tmp_path / ".gitignore").write_text("/.gpu-data/\n/runs/\n")
@@ -187,7 +187,7 @@ def test_travel_size_counts_what_the_device_call_sends(tmp_path):
     (tmp_path / "runs" / "big.bin").write_bytes(b"z" * 5 * 2**20)  # ignored, not carried: stays here
     (tmp_path / ".gpu-data").mkdir()
     (tmp_path / ".gpu-data" / "data.zip").write_bytes(b"d" * 3 * 2**20)
-    size = gc.travel_size(tmp_path, [".gpu-data", ".whl"])
+    size = gd.travel_size(tmp_path, [".gpu-data", ".whl"])
     assert size["tree_mib"] == 2.0 and size["carried_mib"] == {".gpu-data": 3.0, ".whl": 0.0}
     assert size["total_mib"] == 5.0 and size["fits"] is True
 
