@@ -81,7 +81,11 @@ class Check:
         self.results["elapsed_s"] = round(time.monotonic() - self.start, 1)
         self.cfg.out.mkdir(parents=True, exist_ok=True)
         (self.cfg.out / "results.json").write_text(json.dumps(self.results, indent=2, default=str) + "\n")
-        (self.cfg.out / "results.md").write_text(markdown(self.results))
+        try:
+            text = markdown(self.results)
+        except Exception as err:  # noqa: BLE001  (the JSON must still be written and the run go on)
+            text = f"# sbcli GPU check\n\nresults.md failed to render ({type(err).__name__}: {err}); read results.json.\n"
+        (self.cfg.out / "results.md").write_text(text)
         print(f"[gpu_check] {step} done at {self.results['elapsed_s']} s", file=sys.stderr, flush=True)
 
 
