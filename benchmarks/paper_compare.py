@@ -55,6 +55,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_report import ROWS, build_report, report_markdown  # noqa: E402
 from gpu_data import DATA_NAME, unpack, write_tiny_archive  # noqa: E402
 
+# Spec section 6: Nesterov SGD, x0.1 at 30/60/80 % of every phase; no warm-up, the last epoch kept
+# (no validation split, no test-set selection), the plain residual init.
+PAPER_TRAIN = {"momentum": 0.9, "weight_decay": 5e-4, "milestones": (0.3, 0.6, 0.8), "lr_decay": 0.1,
+               "warmup_epochs": 0.0, "val_fraction": 0.0, "zero_init_residual": False}
+
 
 class TimeUp(Exception):
     """Raised from the progress callback once the run's hard deadline has passed."""
@@ -181,7 +186,9 @@ def progress_printer(deadline: float, every: int) -> Callable[[ProgressEvent], N
 def options(cfg: CompareConfig, epochs: int) -> tuple[api.SequenceOptions, api.RunOptions]:
     seq = api.SequenceOptions(source=str(cfg.train), test=str(cfg.test), image_size=32, order_seed=cfg.order_seed,
                               classes=cfg.classes)
-    train = TrainConfig(epochs=epochs, batch_size=cfg.batch_size, lr=cfg.lr, precision=cfg.precision)
+    known = {f.name for f in dataclasses.fields(TrainConfig)}  # pinned, whatever the defaults become
+    paper = {k: v for k, v in PAPER_TRAIN.items() if k in known}
+    train = TrainConfig(epochs=epochs, batch_size=cfg.batch_size, lr=cfg.lr, precision=cfg.precision, **paper)
     run = api.RunOptions(arch="resnet18", width=cfg.width, train=train, memory=cfg.memory, selection="random",
                          seed=cfg.seed, device=cfg.device)
     return seq, run

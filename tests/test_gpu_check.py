@@ -203,3 +203,14 @@ def test_the_gpu_benchmark_is_the_issues_configuration(tmp_path):
     assert gc.parse(["--out", str(tmp_path)]).sequence == "compare"  # the real run is the default
     with pytest.raises(SystemExit):
         gc.parse(["--skip", "benchmark"])  # a misspelt step is refused, not silently run
+
+
+def test_the_rows_train_with_the_papers_optimiser_and_schedule(pc, tmp_path):
+    seq, run = pc.options(config(pc, width=1.0), 30)
+    t = run.train
+    assert (t.epochs, t.batch_size, t.lr, t.momentum, t.weight_decay, t.milestones, t.lr_decay) == (
+        30, 256, 0.1, 0.9, 5e-4, (0.3, 0.6, 0.8), 0.1)
+    assert getattr(t, "warmup_epochs", 0.0) == 0.0 and getattr(t, "val_fraction", 0.0) == 0.0
+    assert (run.arch, run.width, run.memory, run.selection, seq.order_seed, seq.image_size) == (
+        "resnet18", 1.0, 2000, "random", 0, 32)
+    assert config(pc).rho == 1.15 and config(pc).tasks == 10
