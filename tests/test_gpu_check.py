@@ -214,3 +214,30 @@ def test_the_rows_train_with_the_papers_optimiser_and_schedule(pc, tmp_path):
     assert (run.arch, run.width, run.memory, run.selection, seq.order_seed, seq.image_size) == (
         "resnet18", 1.0, 2000, "random", 0, 32)
     assert config(pc).rho == 1.15 and config(pc).tasks == 10
+
+
+def test_results_md_renders_a_gpu_run(report_mod):
+    gr = load("gpu_check_report")
+    bench = {"hardware": "NVIDIA H100 80GB HBM3", "torch": "2.11.0", "command": "engine_speed.py ...", "exit_code": 0,
+             "rows": [{"name": "engine auto (bf16)", "img_s": 45_000.0, "x_reference": 12.5},
+                      {"name": "engine auto (bf16) no teacher", "img_s": 60_000.0, "x_reference": 16.7},
+                      {"name": "reference", "img_s": 3_600.0, "x_reference": 1.0}],
+             "with_teacher_img_s": 45_000.0, "meets_target": True,
+             "paper_cifar100_10_tasks_hours": {"engine auto (bf16)": 0.19, "reference": 2.35}}
+    results = {"env": {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}], "torch": "2.11.0", "cuda": "13.0", "cudnn": 91000,
+                       "nccl": "(2, 27, 3)", "python": "3.12.3", "cpus": 16, "missing": [], "webp": True,
+                       "sbcli_help": "ok"},
+               "tests": {"exit_code": 1, "seconds": 95.0, "counts": {"passed": 14, "failures": 1, "errors": 0, "skipped": 1},
+                         "failed": [{"test": "tests.test_gpu::test_x[cuda]", "message": "boom"}],
+                         "skip_reasons": {"DDP over NCCL needs two GPUs": 1}},
+               "bench": bench, "compile": {**bench, "command": "engine_speed.py --compile"},
+               "profile": {"batches": 20, "batch_size": 256, "images_per_s": 40_000.0, "gpu_busy_fraction": 0.85,
+                           "sort": "device_time_total", "top": [{"op": "aten::cudnn_convolution", "total_ms": 50.0,
+                                                                 "self_ms": 50.0, "calls": 600}]},
+               "sequence": {"skipped": "only 60 s left of the check's budget"}, "elapsed_s": 530.0}
+    md = gr.markdown(results)
+    assert md.startswith("# sbcli GPU check\n\nNVIDIA H100 80GB HBM3 · torch 2.11.0")
+    assert "14 passed, 1 failed" in md and "- FAILED tests.test_gpu::test_x[cuda]: boom" in md
+    assert "| engine auto (bf16) | 45,000 | 12.5x |" in md and "meets the target" in md
+    assert "## Engine throughput with --compile" in md and "GPU busy 85 % of the wall time" in md
+    assert "only 60 s left" in md and md.rstrip().endswith("Total 530.0 s.")
