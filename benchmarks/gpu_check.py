@@ -193,6 +193,28 @@ def junit_summary(path: Path) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
+def step_flops(width: float, image_size: int, classes: int) -> dict:
+    """Floating-point operations per image of a training step (torch's FLOP counter, on the CPU).
+
+    With a teacher: the student's forward and backward plus the teacher's forward; without: the
+    student's alone. Over a rate, they give the arithmetic the GPU sustained (TFLOP/s), to hold
+    against the bf16 matrix rate the device docs measured (about 790 TFLOP/s on an H100 or H200).
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from sbcli.nets import create_model
+
+    model = create_model("resnet18", classes, width)
+    x = torch.randn(2, 3, image_size, image_size)
+    with FlopCounterMode(display=False) as forward:
+        model(x)
+    with FlopCounterMode(display=False) as both:
+        model(x).sum().backward()
+    fwd, fwd_bwd = forward.get_total_flops() / 2, both.get_total_flops() / 2
+    return {"forward_gflop": fwd / 1e9, "no_teacher_gflop": fwd_bwd / 1e9, "with_teacher_gflop": (fwd_bwd + fwd) / 1e9}
+
+
 def bench_args(cfg: CheckConfig, out: Path) -> list[str]:
     if cfg.dry:
         size = ["--width", "0.125", "--batch-size", "16", "--image-size", "16", "--classes", "4", "--images", "64",
@@ -214,14 +236,20 @@ def engine_bench(check: Check, compiled: bool = False) -> dict:
         return result | {"tail": output[-2000:]}
     report = json.loads(out.read_text())
     ref = report["reference"]["img_s"]
+    c = report["config"]
+    flops = step_flops(c["width"], c["image_size"], c["classes"])
+    per_image = lambda name: flops["no_teacher_gflop" if "no teacher" in name else "with_teacher_gflop"]  # noqa: E731
     rows = [{"name": r["name"], "img_s": r["img_s"], "x_reference": r["img_s"] / ref} for r in report["engines"]]
     rows.append({"name": "reference", "img_s": ref, "x_reference": 1.0})
+    for row in rows:
+        row["tflop_s"] = row["img_s"] * per_image(row["name"]) / 1e3
     teacher = next(r for r in rows if "no teacher" not in r["name"])
     ten = next(s for s in report["schedules"] if s["tasks"] == 10)
     return result | {"hardware": report["hardware"], "torch": report["torch"], "rows": rows,
                      "with_teacher_img_s": teacher["img_s"], "target_img_s": TARGET_IMG_S,
                      "meets_target": teacher["img_s"] >= TARGET_IMG_S and teacher["x_reference"] >= TARGET_X_REF,
-                     "paper_cifar100_10_tasks_hours": ten["hours"], "batches_per_round": report["batches_per_round"]}
+                     "paper_cifar100_10_tasks_hours": ten["hours"], "batches_per_round": report["batches_per_round"],
+                     "flops_per_image": flops}
 
 
 def profile(check: Check) -> dict:
@@ -345,6 +373,8 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
     p.add_argument("--sequence", choices=("compare", "sb", "none"), default="compare")
     p.add_argument("--sequence-epochs", type=int, default=None, help="epochs a phase (default: fit the time left)")
     p.add_argument("--control", choices=("auto", "yes", "no"), default="auto")
+    p.add_argument("--flops", action="store_true",
+                   help="print the FLOPs per image of the benchmark's training steps (CPU, a second) and exit")
     p.add_argument("--travel-size", action="store_true",
                    help="run here before the device call: print what it would send (MiB, of 64) and exit")
     a = p.parse_args(argv)
@@ -359,6 +389,9 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
+    if "--flops" in (sys.argv[1:] if argv is None else argv):
+        print(json.dumps(step_flops(1.0, 32, 100)))  # the benchmark's network: ResNet-18, 32 px, 100 classes
+        return
     if "--travel-size" in (sys.argv[1:] if argv is None else argv):
         size = travel_size(REPO, [".gpu-data", ".whl"])  # run here, before the device call
         print(json.dumps(size))

@@ -53,10 +53,16 @@ def bench_markdown(b: dict | None, title: str) -> list[str]:
     if not b.get("rows"):
         return [f"## {title}", "", f"FAILED (exit {b['exit_code']}):", "", "```", b.get("tail", ""), "```", ""]
     lines = [f"## {title} (benchmarks/engine_speed.py)", "", f"{b['hardware']} · torch {b['torch']} · `{b['command']}`",
-             "", "| loop | img/s | x reference |", "|---|---:|---:|"]
-    lines += [f"| {row['name']} | {row['img_s']:,.0f} | {row['x_reference']:.1f}x |" for row in b["rows"]]
+             "", "| loop | img/s | x reference | TFLOP/s |", "|---|---:|---:|---:|"]
+    lines += [f"| {row['name']} | {row['img_s']:,.0f} | {row['x_reference']:.1f}x | {row.get('tflop_s', float('nan')):,.1f} |"
+              for row in b["rows"]]
     verdict = "meets" if b["meets_target"] else "MISSES"
     hours = ", ".join(f"{k}: {v:.1f} h" for k, v in b["paper_cifar100_10_tasks_hours"].items())
+    flops = b.get("flops_per_image")
+    if flops:
+        lines += ["", f"FLOPs per image: {flops['with_teacher_gflop']:.2f} GFLOP with a teacher, "
+                  f"{flops['no_teacher_gflop']:.2f} without (torch's FLOP counter); the bf16 matrix rate the device "
+                  "docs measured is about 790 TFLOP/s."]
     return lines + ["", f"With a teacher: {b['with_teacher_img_s']:,.0f} img/s, {verdict} the target (>= "
                     f"{TARGET_IMG_S:,.0f} img/s and >= {TARGET_X_REF:.0f}x the reference). Paper CIFAR-100 10-task "
                     f"schedule at these rates: {hours}.", ""]

@@ -238,6 +238,15 @@ def test_results_md_renders_a_gpu_run(report_mod):
     md = gr.markdown(results)
     assert md.startswith("# sbcli GPU check\n\nNVIDIA H100 80GB HBM3 · torch 2.11.0")
     assert "14 passed, 1 failed" in md and "- FAILED tests.test_gpu::test_x[cuda]: boom" in md
-    assert "| engine auto (bf16) | 45,000 | 12.5x |" in md and "meets the target" in md
+    assert "| engine auto (bf16) | 45,000 | 12.5x | nan |" in md and "meets the target" in md
     assert "## Engine throughput with --compile" in md and "GPU busy 85 % of the wall time" in md
     assert "only 60 s left" in md and md.rstrip().endswith("Total 530.0 s.")
+
+
+def test_step_flops_count_a_teacher_as_one_more_forward():
+    gc = load("gpu_check")
+    f = gc.step_flops(0.125, 16, 4)
+    assert f["with_teacher_gflop"] == pytest.approx(f["no_teacher_gflop"] + f["forward_gflop"])
+    assert 2.5 < f["no_teacher_gflop"] / f["forward_gflop"] < 3.5  # a backward costs about two forwards
+    wide = gc.step_flops(0.25, 16, 4)["forward_gflop"]
+    assert 3.5 < wide / f["forward_gflop"] < 4.5  # twice the width: about four times the convolution FLOPs
