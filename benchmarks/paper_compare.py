@@ -347,8 +347,10 @@ def parse(argv: list[str] | None = None) -> tuple[CompareConfig, Path, Path | No
 
 
 def dry_config(cfg: CompareConfig) -> CompareConfig:
-    """The same run at tiny sizes: 3 tasks of 2 generated classes, 1/8 width, one epoch a phase."""
-    return dataclasses.replace(cfg, tasks=3, width=0.125, batch_size=8, memory=12, epochs=1, control="yes",
+    """The same run at tiny sizes: 3 tasks of 2 generated classes, 1/8 width, one epoch a phase; every
+    row of the full run (the control too, unless S&B runs alone)."""
+    control = "yes" if "std-wa" in cfg.main_rows else cfg.control
+    return dataclasses.replace(cfg, tasks=3, width=0.125, batch_size=8, memory=12, epochs=1, control=control,
                                overhead_s_per_step=0.5, reserve_s=5.0, calibration_images=24, rho=1.0)
 
 
