@@ -102,10 +102,11 @@ def report_markdown(report: dict) -> str:
     """The comparison's tables as Markdown."""
     c, plan = report["config"], report["plan"]
     calib = plan.get("calibration", {})
+    how = "given" if c.get("epochs") else f"fitted to {c['budget_s']:.0f} s"
     lines = [f"# S&B + WA against STD + WA: {c['tasks']} tasks, {Path(str(c['train'])).parent.name}", "",
              f"Device: {report['device']} · torch {report['torch']} · {calib.get('precision', '?')} · one measured "
              f"epoch: {calib.get('images_per_s', 0):,.0f} img/s (phase C, {calib.get('images', '?')} images).",
-             f"Budget: ResNet-18 width {c['width']}, {plan.get('epochs')} epochs a phase (fitted to {c['budget_s']:.0f} s), "
+             f"Budget: ResNet-18 width {c['width']}, {plan.get('epochs')} epoch(s) a phase ({how}), "
              f"batch {c['batch_size']}, lr {c['lr']}, memory {c['memory']} (random), rho {c['rho']}, class order seed "
              f"{c['order_seed']}, seed {c['seed']}, last epoch kept. Rows: {', '.join(plan.get('rows', []))}."]
     if report.get("stopped"):
