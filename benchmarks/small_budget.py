@@ -8,6 +8,7 @@ last BN of each residual block (the own-data default). One JSON line per run on 
 
     PYTHONPATH=. python benchmarks/small_budget.py --seed 0 --init paper
     PYTHONPATH=. python benchmarks/small_budget.py --seed 0 --init stable --warmup-epochs 1
+    PYTHONPATH=. python benchmarks/small_budget.py --seed 1 --init paper --steps 1   # the first task alone
 
 The images are copied (as their WebP bytes) into a class-per-folder tree under --work (outside
 the repository) once.
@@ -59,6 +60,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=4)
     parser.add_argument("--classes", type=int, default=20)
     parser.add_argument("--per-class", type=int, default=250)
+    parser.add_argument("--steps", type=int, default=None, help="learn only the first N tasks (same step 1 as the full run)")
     parser.add_argument("--zip", type=Path, default=ZIP)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "sbcli-small-budget")
     args = parser.parse_args()
@@ -79,7 +81,9 @@ def main() -> None:
     method_options = _phase_epochs(args.phase_epochs) if args.method == "sb" else {}
     run = api.RunOptions(method=args.method, method_options=method_options, arch=args.arch, width=args.width,
                          train=cfg, memory=args.memory, seed=args.seed, device="cpu")
-    seq = api.SequenceOptions(source=str(train_dir), test=str(test_dir), tasks=args.tasks, order_seed=0)
+    steps = args.steps or args.tasks
+    seq = api.SequenceOptions(source=str(train_dir), test=str(test_dir), tasks=steps, order_seed=0,
+                              classes=args.classes // args.tasks * steps)
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         learner = api.train(seq, run, Path(tmp) / "learner")
@@ -87,7 +91,7 @@ def main() -> None:
     overall = [h["metrics"]["overall"] for h in history]
     print(json.dumps({
         "seed": args.seed, "init": args.init, "warmup_epochs": cfg.warmup_epochs, "zero_init": cfg.zero_init_residual,
-        "method": args.method, "lr": args.lr, "memory": args.memory, "first": overall[0], "overall": overall,
+        "method": args.method, "steps": steps, "lr": args.lr, "memory": args.memory, "first": overall[0], "overall": overall,
         "old": [h["metrics"]["old"] for h in history], "new": [h["metrics"]["new"] for h in history],
         "avg_2_to_T": sum(overall[1:]) / max(1, len(overall) - 1), "avg_1_to_T": sum(overall) / len(overall),
         "first_losses": [p["final_loss"] for p in history[0]["phases"]], "seconds": round(time.perf_counter() - start, 1),

@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from sbcli import __version__, distributed
+from sbcli import __version__, distributed, preflight
+from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from sbcli.data.imageset import ImageSet
@@ -29,52 +29,34 @@ from sbcli.methods import build_config
 from sbcli.metrics import history_summary
 from sbcli.nets import create_model, list_models
 from sbcli.steps import StepSummary, evaluate_learner, learn_step
+from sbcli.validate import MAX_WIDTH
 
 ProgressFn = Callable[[ProgressEvent], None]
 StepFn = Callable[[StepSummary], None]
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """Everything a run is configured with, built once at the boundary (the CLI)."""
+def options(source: str | None = None, *, recipe: str | None = None, **settings: Any) -> tuple[SequenceOptions, RunOptions]:
+    """The sequence and run that ``sb train SOURCE [--recipe RECIPE] [--SETTING VALUE ...]`` would use.
 
-    method: str = "sb"
-    method_options: dict[str, Any] = field(default_factory=dict)
-    arch: str = "resnet18"
-    width: float = 1.0
-    train: TrainConfig = TrainConfig()
-    memory: int = 2000
-    selection: str = "random"
-    seed: int = 0
-    device: str = "auto"
-    pretrained: str | None = None  # Hub repo OWNER/NAME[@REVISION] or a .safetensors file (sbcli.pretrained)
-    pretrained_sha256: str | None = None
+    The same per-source defaults, recipes and names as the CLI (:mod:`sbcli.config`), e.g.
+    ``options("cifar100", recipe="paper-10", epochs=3, weight_decay=1e-4)``.
 
-
-@dataclass(frozen=True)
-class SequenceOptions:
-    """What to learn: a source, its class order and its cut into tasks."""
-
-    source: str | None = None
-    test: str | None = None
-    data_root: str | None = None
-    download: bool = False
-    image_size: int | None = None
-    tasks: int | None = None
-    base: int | None = None
-    increment: int | None = None
-    order_seed: int | None = 0
-    class_order: list[int] | None = None
-    classes: int | None = None  # keep only the first N classes of the class order (a smaller benchmark)
+    Raises:
+        ConfigError: a setting that no run takes, or a value that is refused.
+    """
+    unknown = sorted(set(settings) - known_keys())
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a setting of a run; "
+                          f"known: {', '.join(sorted(known_keys()))}.")
+    seq, run, _ = build_options({"source": source, "recipe": recipe, **settings})
+    return seq, run
 
 
 def _check_run(run: RunOptions) -> torch.device:
     if run.arch not in list_models():
         raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
-    if run.width <= 0:
-        raise ConfigError("--width must be positive (e.g. 0.25 for a quarter-width network).")
-    if run.train.epochs < 1 or run.train.batch_size < 1:
-        raise ConfigError("--epochs and --batch-size must be at least 1.")
+    if not 0 < run.width <= MAX_WIDTH:
+        raise ConfigError(f"--width must be above 0 and at most {MAX_WIDTH} (e.g. 0.25 for a quarter-width network).")
     build_config(run.method, run.method_options)
     ExemplarMemory(run.memory, run.selection, run.seed)
     return resolve_device(run.device)
@@ -105,6 +87,14 @@ def sequence_scenario(seq: SequenceOptions, num_classes: int) -> Scenario:
     return Scenario(order=order, sizes=task_sizes(seq.classes, seq.tasks, seq.base, seq.increment))
 
 
+def _check_sequence(seq: SequenceOptions) -> None:
+    """Counts of tasks and classes are refused before any data is read when they cannot be right."""
+    for flag, value in (("--tasks", seq.tasks), ("--base", seq.base), ("--increment", seq.increment),
+                        ("--classes", seq.classes)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value} is not a count; give 1 or more.")
+
+
 def _check_out(out: Path, resume: bool) -> None:
     if resume and not (out / "learner.json").is_file():
         raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
@@ -120,7 +110,9 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     """
     out = Path(out)
     device = _check_run(run)
+    _check_sequence(seq)
     _check_out(out, resume)
+    preflight.check_writable(out)
     weights = None
     if run.pretrained and not resume:  # fetched and checked before any data is read
         from sbcli import pretrained
@@ -128,10 +120,12 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
         weights = pretrained.load(run.pretrained, run.arch, run.width, sha256=run.pretrained_sha256)
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
-    opened = open_spec(spec)
+    opened = open_spec(spec, download=seq.download)
     names = opened.train.class_names
     scenario = sequence_scenario(seq, len(names))
     opened = resize_opened(only_classes(opened, scenario.order), spec)
+    image_size = spec.get("image_size") or spec_image_size(spec)
+    preflight.check_free_space(out, preflight.save_bytes(run.arch, run.width, len(scenario.order), image_size, run.memory))
     plan = {"source": spec, "scenario": scenario.to_json()}
     if resume:
         learner = Learner.load(out, device)
@@ -140,7 +134,7 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     else:
         # pretrained backbones expect the statistics they were trained with: ImageNet's
         norm = Normalization(IMAGENET_MEAN, IMAGENET_STD) if weights else (opened.norm or compute_normalization(opened.train.images))
-        state = _new_state(run, spec.get("image_size") or spec_image_size(spec), norm.to_json(), plan, spec["kind"])
+        state = _new_state(run, image_size, norm.to_json(), plan, spec["kind"])
         torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
         model = create_model(run.arch, scenario.sizes[0], run.width, run.train.zero_init_residual)
         if weights is not None:
@@ -188,7 +182,12 @@ def save_from_main(learner: Learner, out: Path) -> None:
     memory.images, memory.labels, learner.extra = distributed.broadcast_objects(
         [memory.images, memory.labels, learner.extra], group)
     if group.is_main:
-        learner.save(out)
+        try:
+            learner.save(out)
+        except OSError as err:
+            raise LearnerError(f"Could not save the learner to {out} ({err.strerror or err}: {err.filename}); what was "
+                               "saved there before is unchanged: free some space or fix the permissions and run "
+                               "the command again.") from err
     distributed.barrier(group)
 
 
@@ -218,6 +217,7 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     """
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev)
+    preflight.check_writable(learner_dir)
     if method is not None and method != learner.state.method:
         raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {method}; "
                           f"drop --method or start a new learner with `sb train --method {method}`.")
@@ -232,6 +232,9 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     clash = sorted(set(new) & set(learner.state.class_names))
     if clash:
         raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
+    state = learner.state
+    preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
+                                                                 state.image_size, state.memory["budget"]))
     if epochs is not None:
         learner.state.train_config["epochs"] = epochs
     if warmup_epochs is not None:  # recorded: later steps keep it
@@ -272,7 +275,8 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
 # -- ways out: ONNX, the Hub, the zoo, serving (sbcli.export; optional extras loaded on use) --
 
 
-def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4) -> Any:
+def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, half: bool = False,
+                opset: int | None = None) -> Any:
     """Write the learner at ``learner_dir`` as one ONNX file, checked against PyTorch in onnxruntime.
 
     Returns an :class:`sbcli.export.onnx.OnnxReport` (path, size, parity: max abs diff, argmax agreement).
@@ -280,7 +284,20 @@ def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4) -> Any
     from sbcli.export.onnx import OnnxConfig
     from sbcli.export.onnx import export_onnx as write_onnx
 
-    return write_onnx(Learner.load(learner_dir, "cpu"), Path(out), OnnxConfig(tolerance=tolerance))
+    cfg = OnnxConfig(tolerance=tolerance, half=half, opset=opset)  # checks the opset before loading
+    return write_onnx(Learner.load(learner_dir, "cpu"), Path(out), cfg)
+
+
+def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half: bool = False,
+                  opset: int | None = None, max_batch_size: int = 64, max_queue_delay_us: int = 1000) -> Any:
+    """Write a Triton Inference Server model repository for the learner; returns a TritonReport."""
+    from sbcli.export.onnx import OnnxConfig
+    from sbcli.export.triton import TritonConfig
+    from sbcli.export.triton import export_triton as write_triton
+
+    cfg = OnnxConfig(half=half, opset=opset)
+    triton = TritonConfig(name=name or Path(learner_dir).resolve().name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us)
+    return write_triton(Learner.load(learner_dir, "cpu"), Path(out), cfg, triton)
 
 
 def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,

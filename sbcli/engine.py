@@ -19,6 +19,7 @@ is sharded over ranks and gathered on each.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,37 +31,60 @@ from sbcli import distributed, schedule
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.device import (
     PRECISIONS,
+    compute_threads,
     cudnn_autotune,
     exact_float32,
     native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
     uses_bf16,
 )
-from sbcli.errors import ConfigError
+from sbcli.errors import ConfigError, TrainingError
 from sbcli.schedule import PhaseSchedule
+from sbcli.selection import PhaseSelection, Validator
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation settings shared by every phase (defaults: the authors' schedule, spec section 6)."""
+    """Optimisation settings shared by every phase (defaults: the authors' schedule, spec section 6).
+
+    Each field is a CLI option of the same name (``--weight-decay``) and a recipe key
+    (:mod:`sbcli.config`), and is recorded in the learner's ``train_config``.
+    """
 
     epochs: int = 200  # every phase: 200 epochs with a fresh optimiser
     batch_size: int = 256
     lr: float = 0.1
     momentum: float = 0.9
+    nesterov: bool = True  # authors' code: SGD with Nesterov momentum
     weight_decay: float = 5e-4
     milestones: tuple[float, ...] = (0.3, 0.6, 0.8)  # 60/120/160 of 200 epochs
-    lr_decay: float = 0.1
+    lr_decay: float = 0.1  # the schedule's gamma at every milestone
+    drop_last: bool = True  # authors' code: an epoch drops its last partial batch (unless it is the only one)
     compile: bool = False  # torch.compile the student and the teacher (once per phase; slower to start)
     eval_batch_size: int = 1024
     precision: str = "auto"  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
+    threads: int | None = None  # CPU compute threads while training and evaluating; None: torch's default
     warmup_epochs: float = 0.0  # linear lr warm-up at the start of every phase (sbcli.schedule); 0: the paper's
     zero_init_residual: bool = False  # last BN of each residual block starts at 0 (each block the identity)
+    val_fraction: float = 0.0  # held out of each step's data to pick every phase's best epoch (sbcli.selection)
+    val_every: int = 0  # epochs between validation scores; 0: a fifth of the phase
 
     def __post_init__(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"--val-fraction {self.val_fraction} is outside [0, 1); e.g. 0.1 holds out a tenth.")
         if self.warmup_epochs < 0:
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs} is negative; give 0 (no warm-up) or more.")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
+        if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ConfigError("--epochs, --batch-size and --eval-batch-size must be at least 1.")
+        if self.lr <= 0 or self.momentum < 0 or self.weight_decay < 0 or not 0 < self.lr_decay <= 1:
+            raise ConfigError("--lr must be positive, --momentum and --weight-decay not negative, --lr-decay in (0, 1].")
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("Nesterov momentum needs --momentum above 0; give --momentum or --no-nesterov.")
+        if not all(0 < f <= 1 for f in self.milestones):
+            raise ConfigError(f"--milestones are fractions of a phase's epochs in (0, 1], not {self.milestones}.")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {self.threads}.")
 
 
 @dataclass(frozen=True)
@@ -122,10 +146,10 @@ class PhaseReport:
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.SGD:
-    """SGD with Nesterov momentum and weight decay on every parameter; fused on CUDA."""
+    """SGD with momentum (Nesterov unless ``cfg.nesterov`` is off) and weight decay on every parameter; fused on CUDA."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = device.type == "cuda"
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=True,
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            weight_decay=cfg.weight_decay, fused=fused or None)
 
 
@@ -149,6 +173,7 @@ class Engine:
         self.augment_generator = self._augment_generator(seed)
         self.on_progress = on_progress
         self.task = 0
+        self.validator: Validator | None = None  # --val-fraction: set per step, picks each phase's best epoch
         self.channels_last = True
         self.autocast = uses_bf16(cfg.precision, device)
         self.precision = "bf16" if self.autocast else "fp32"  # as run, for the progress lines and the record
@@ -163,10 +188,11 @@ class Engine:
     def run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
         """Train ``model`` for one phase on ``data``; the teacher (if any) runs in eval mode.
 
-        On CUDA, cuDNN autotunes its kernels for the phase (batch shapes are fixed) and the
-        process's own ``cudnn.benchmark`` setting is restored afterwards.
+        On CUDA, cuDNN autotunes its kernels for the phase (batch shapes are fixed); with
+        ``cfg.threads`` the CPU computes on that many threads. The process's own settings are
+        restored afterwards.
         """
-        with cudnn_autotune(self.device):
+        with cudnn_autotune(self.device), compute_threads(self.cfg.threads):
             return self._run(model, data, phase)
 
     def _run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
@@ -177,28 +203,34 @@ class Engine:
         """
         self._to_layout(model, phase.teacher)
         opt = make_optimizer(model, self.cfg, self.device)
-        sched = make_schedule(opt, self.cfg, phase.epochs, schedule.steps_per_epoch(len(data), self.cfg.batch_size))
+        sched = make_schedule(opt, self.cfg, phase.epochs, schedule.steps_per_epoch(len(data), self.cfg.batch_size,
+                                                                                 self.cfg.drop_last))
         student = self._compiled(distributed.data_parallel(model, self.device, self.dist))
         teacher = None if phase.teacher is None else self._compiled(phase.teacher.eval())
         start, seen, loss = time.perf_counter(), 0, float("nan")
+        selection = PhaseSelection.start(self.validator, model)
         for epoch in range(1, phase.epochs + 1):
             student.train()
             epoch_start = time.perf_counter()
             total, count = torch.zeros((), device=self.device), 0
-            for batch in data.batch_indices(self.cfg.batch_size, self.generator):
+            for batch in data.batch_indices(self.cfg.batch_size, self.generator, self.cfg.drop_last):
                 idx = distributed.shard(batch, self.dist)
                 sched.before_step()
                 total += self._step(student, teacher, model, data, idx, phase, opt).detach()
                 count += 1
             sched.step()
             loss = self._epoch_loss(total, count)  # the epoch's one host synchronisation
+            self._check_finite(loss, phase, epoch)
             n = count * min(self.cfg.batch_size, len(data))  # over all ranks
             seen += n
             self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9))
+            if selection is not None:
+                selection.after_epoch(self, model, epoch, phase.epochs)
+        extra = {} if selection is None else selection.finish(model, phase.epochs)
         distributed.broadcast_module(model, self.dist)
         seconds = time.perf_counter() - start
         return PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9),
-                           precision=self.precision, processes=self.dist.world_size)
+                           precision=self.precision, processes=self.dist.world_size, extra=extra)
 
     def _step(self, student: nn.Module, teacher: nn.Module | None, model: nn.Module, data: DeviceData,
               idx: torch.Tensor, phase: Phase, opt: torch.optim.Optimizer) -> torch.Tensor:
@@ -222,6 +254,13 @@ class Engine:
         """Mean loss of the epoch's steps over every rank (reads the device once)."""
         summed = distributed.all_reduce_sum(torch.stack([total.float(), total.new_tensor(float(count))]), self.dist)
         return float(summed[0]) / max(float(summed[1]), 1.0)
+
+    def _check_finite(self, loss: float, phase: Phase, epoch: int) -> None:
+        """Stop at once when training diverged: the step in progress is then never saved."""
+        if not math.isfinite(loss):
+            raise TrainingError(f"Training diverged: the loss became {loss} in epoch {epoch} of phase {phase.name} "
+                                f"of step {self.task}, so the learner was left as it was; lower --lr "
+                                f"(now {self.cfg.lr}) or check the data.")
 
     def _to_layout(self, *models: nn.Module | None) -> None:
         """Put weights in channels-last once per phase, so no convolution reorders them per step."""
@@ -255,6 +294,10 @@ class Engine:
         Always in float32, whatever the training precision: what ``sb evaluate`` reports is what the
         exported ONNX model and ``sb predict`` compute, and exemplar features do not depend on it.
         """
+        with compute_threads(self.cfg.threads):
+            return self._features_or_logits(model, images, features)
+
+    def _features_or_logits(self, model: nn.Module, images: torch.Tensor, features: bool) -> torch.Tensor:
         was_training = model.training
         model.eval()
         lo, hi = distributed.shard_range(len(images), self.dist)

@@ -311,10 +311,12 @@ def test_sb_predict_on_the_device_answers_as_the_onnx_model(trained, exported, f
     images = str(four_colors["test"])
     runner = CliRunner()
     learner = runner.invoke(app, ["predict", str(trained), images, "--device", device, "--top-k", "4", "--json"])
-    onnx = runner.invoke(app, ["predict", str(exported[0]), images, "--device", "cpu", "--top-k", "4", "--json"])
+    onnx = runner.invoke(app, ["predict", str(exported[0]), images, "--provider", "cpu", "--top-k", "4", "--json"])
     assert learner.exit_code == 0, learner.output
     assert onnx.exit_code == 0, onnx.output
     ours, theirs = json.loads(learner.stdout), json.loads(onnx.stdout)
+    assert ours["provider"] == f"pytorch-{device}"  # the learner ran on the device asked for
+    ours, theirs = ours["predictions"], theirs["predictions"]
     assert len(ours) == 32 and [p["top"][0]["label"] for p in ours] == [p["top"][0]["label"] for p in theirs]
     for a, b in zip(ours, theirs, strict=True):
         assert a["image"] == b["image"]
