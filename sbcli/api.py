@@ -28,6 +28,8 @@ from sbcli.memory import ExemplarMemory
 from sbcli.methods import build_config
 from sbcli.metrics import history_summary
 from sbcli.nets import create_model, list_models
+from sbcli.plan import sequence_epochs
+from sbcli.results import write_results
 from sbcli.steps import StepSummary, evaluate_learner, learn_step
 from sbcli.validate import MAX_WIDTH
 
@@ -145,6 +147,7 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
         model = model.to(device)
         learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
     ordered = [names[c] for c in scenario.order]
+    _announce_plan(on_progress, learner.state, scenario.sizes)
     for step in range(learner.state.steps, len(scenario.sizes)):
         torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
         new = [names[c] for c in scenario.tasks[step]]
@@ -165,6 +168,14 @@ def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], or
     record = {"classes": new, "source": spec}
     return learn_step(learner, train_set, test_set, new, engine, record,
                       seen_train=lambda: relabel(opened.train, ordered, seen))
+
+
+def _announce_plan(on_progress: ProgressFn | None, state: LearnerState, sizes: list[int]) -> None:
+    """Tell a progress callback that has ``on_plan`` the planned epochs of the steps still to run (for ETAs)."""
+    on_plan = getattr(on_progress, "on_plan", None)
+    if on_plan is not None and distributed.is_main_process():
+        planned = sequence_epochs(state.method, state.method_config, state.train_config["epochs"], sizes, state.steps)
+        on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})  # task number -> epochs
 
 
 def _tuples(cfg: dict) -> dict:
@@ -188,6 +199,7 @@ def save_from_main(learner: Learner, out: Path) -> None:
             raise LearnerError(f"Could not save the learner to {out} ({err.strerror or err}: {err.filename}); what was "
                                "saved there before is unchanged: free some space or fix the permissions and run "
                                "the command again.") from err
+        write_results(learner.state, out)
     distributed.barrier(group)
 
 
@@ -245,6 +257,7 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     parts = [p for p in (old_test, relabel(opened.test, names, new) if opened.test else None) if p is not None]
     test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else _empty(train_set)
     cfg = TrainConfig(**_tuples(learner.state.train_config))
+    _announce_plan(on_progress, learner.state, [*(learner.state.class_task.count(t) for t in range(learner.state.steps)), len(new)])
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
     step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": spec})
     save_from_main(learner, learner_dir)
@@ -269,6 +282,7 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
     metrics = evaluate_learner(learner, engine, test)
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
             "test_images": len(test), "metrics": metrics.to_json(), "history": state.history,
+            "accuracy_matrix": [h["metrics"]["per_task"] for h in state.history],
             "summary": history_summary(state.history)}
 
 
