@@ -8,13 +8,13 @@ from __future__ import annotations
 import dataclasses
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from sbcli import __version__, distributed
+from sbcli import __version__, distributed, preflight
+from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from sbcli.data.imageset import ImageSet
@@ -28,53 +28,37 @@ from sbcli.memory import ExemplarMemory
 from sbcli.methods import build_config
 from sbcli.metrics import history_summary
 from sbcli.nets import create_model, list_models
+from sbcli.plan import sequence_epochs
+from sbcli.results import write_results
 from sbcli.steps import StepSummary, evaluate_learner, learn_step
+from sbcli.validate import MAX_WIDTH
 
 ProgressFn = Callable[[ProgressEvent], None]
 StepFn = Callable[[StepSummary], None]
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """Everything a run is configured with, built once at the boundary (the CLI)."""
+def options(source: str | None = None, *, recipe: str | None = None, **settings: Any) -> tuple[SequenceOptions, RunOptions]:
+    """The sequence and run that ``sb train SOURCE [--recipe RECIPE] [--SETTING VALUE ...]`` would use.
 
-    method: str = "sb"
-    method_options: dict[str, Any] = field(default_factory=dict)
-    arch: str = "resnet18"
-    width: float = 1.0
-    train: TrainConfig = TrainConfig()
-    memory: int = 2000
-    selection: str = "random"
-    seed: int = 0
-    device: str = "auto"
-    pretrained: str | None = None  # Hub repo OWNER/NAME[@REVISION] or a .safetensors file (sbcli.pretrained)
-    pretrained_sha256: str | None = None
+    The same per-source defaults, recipes and names as the CLI (:mod:`sbcli.config`), e.g.
+    ``options("cifar100", recipe="paper-10", epochs=3, weight_decay=1e-4)``.
 
-
-@dataclass(frozen=True)
-class SequenceOptions:
-    """What to learn: a source, its class order and its cut into tasks."""
-
-    source: str | None = None
-    test: str | None = None
-    data_root: str | None = None
-    download: bool = False
-    image_size: int | None = None
-    tasks: int | None = None
-    base: int | None = None
-    increment: int | None = None
-    order_seed: int | None = 0
-    class_order: list[int] | None = None
-    classes: int | None = None  # keep only the first N classes of the class order (a smaller benchmark)
+    Raises:
+        ConfigError: a setting that no run takes, or a value that is refused.
+    """
+    unknown = sorted(set(settings) - known_keys())
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a setting of a run; "
+                          f"known: {', '.join(sorted(known_keys()))}.")
+    seq, run, _ = build_options({"source": source, "recipe": recipe, **settings})
+    return seq, run
 
 
 def _check_run(run: RunOptions) -> torch.device:
     if run.arch not in list_models():
         raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
-    if run.width <= 0:
-        raise ConfigError("--width must be positive (e.g. 0.25 for a quarter-width network).")
-    if run.train.epochs < 1 or run.train.batch_size < 1:
-        raise ConfigError("--epochs and --batch-size must be at least 1.")
+    if not 0 < run.width <= MAX_WIDTH:
+        raise ConfigError(f"--width must be above 0 and at most {MAX_WIDTH} (e.g. 0.25 for a quarter-width network).")
     build_config(run.method, run.method_options)
     ExemplarMemory(run.memory, run.selection, run.seed)
     return resolve_device(run.device)
@@ -105,6 +89,14 @@ def sequence_scenario(seq: SequenceOptions, num_classes: int) -> Scenario:
     return Scenario(order=order, sizes=task_sizes(seq.classes, seq.tasks, seq.base, seq.increment))
 
 
+def _check_sequence(seq: SequenceOptions) -> None:
+    """Counts of tasks and classes are refused before any data is read when they cannot be right."""
+    for flag, value in (("--tasks", seq.tasks), ("--base", seq.base), ("--increment", seq.increment),
+                        ("--classes", seq.classes)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value} is not a count; give 1 or more.")
+
+
 def _check_out(out: Path, resume: bool) -> None:
     if resume and not (out / "learner.json").is_file():
         raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
@@ -120,7 +112,9 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     """
     out = Path(out)
     device = _check_run(run)
+    _check_sequence(seq)
     _check_out(out, resume)
+    preflight.check_writable(out)
     weights = None
     if run.pretrained and not resume:  # fetched and checked before any data is read
         from sbcli import pretrained
@@ -128,10 +122,12 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
         weights = pretrained.load(run.pretrained, run.arch, run.width, sha256=run.pretrained_sha256)
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
-    opened = open_spec(spec)
+    opened = open_spec(spec, download=seq.download)
     names = opened.train.class_names
     scenario = sequence_scenario(seq, len(names))
     opened = resize_opened(only_classes(opened, scenario.order), spec)
+    image_size = spec.get("image_size") or spec_image_size(spec)
+    preflight.check_free_space(out, preflight.save_bytes(run.arch, run.width, len(scenario.order), image_size, run.memory))
     plan = {"source": spec, "scenario": scenario.to_json()}
     if resume:
         learner = Learner.load(out, device)
@@ -140,7 +136,7 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     else:
         # pretrained backbones expect the statistics they were trained with: ImageNet's
         norm = Normalization(IMAGENET_MEAN, IMAGENET_STD) if weights else (opened.norm or compute_normalization(opened.train.images))
-        state = _new_state(run, spec.get("image_size") or spec_image_size(spec), norm.to_json(), plan, spec["kind"])
+        state = _new_state(run, image_size, norm.to_json(), plan, spec["kind"])
         torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
         model = create_model(run.arch, scenario.sizes[0], run.width, run.train.zero_init_residual)
         if weights is not None:
@@ -151,6 +147,7 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
         model = model.to(device)
         learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
     ordered = [names[c] for c in scenario.order]
+    _announce_plan(on_progress, learner.state, scenario.sizes)
     for step in range(learner.state.steps, len(scenario.sizes)):
         torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
         new = [names[c] for c in scenario.tasks[step]]
@@ -173,6 +170,14 @@ def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], or
                       seen_train=lambda: relabel(opened.train, ordered, seen))
 
 
+def _announce_plan(on_progress: ProgressFn | None, state: LearnerState, sizes: list[int]) -> None:
+    """Tell a progress callback that has ``on_plan`` the planned epochs of the steps still to run (for ETAs)."""
+    on_plan = getattr(on_progress, "on_plan", None)
+    if on_plan is not None and distributed.is_main_process():
+        planned = sequence_epochs(state.method, state.method_config, state.train_config["epochs"], sizes, state.steps)
+        on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})  # task number -> epochs
+
+
 def _tuples(cfg: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
 
@@ -188,7 +193,13 @@ def save_from_main(learner: Learner, out: Path) -> None:
     memory.images, memory.labels, learner.extra = distributed.broadcast_objects(
         [memory.images, memory.labels, learner.extra], group)
     if group.is_main:
-        learner.save(out)
+        try:
+            learner.save(out)
+        except OSError as err:
+            raise LearnerError(f"Could not save the learner to {out} ({err.strerror or err}: {err.filename}); what was "
+                               "saved there before is unchanged: free some space or fix the permissions and run "
+                               "the command again.") from err
+        write_results(learner.state, out)
     distributed.barrier(group)
 
 
@@ -218,6 +229,7 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     """
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev)
+    preflight.check_writable(learner_dir)
     if method is not None and method != learner.state.method:
         raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {method}; "
                           f"drop --method or start a new learner with `sb train --method {method}`.")
@@ -232,6 +244,9 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     clash = sorted(set(new) & set(learner.state.class_names))
     if clash:
         raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
+    state = learner.state
+    preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
+                                                                 state.image_size, state.memory["budget"]))
     if epochs is not None:
         learner.state.train_config["epochs"] = epochs
     if warmup_epochs is not None:  # recorded: later steps keep it
@@ -242,6 +257,7 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     parts = [p for p in (old_test, relabel(opened.test, names, new) if opened.test else None) if p is not None]
     test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else _empty(train_set)
     cfg = TrainConfig(**_tuples(learner.state.train_config))
+    _announce_plan(on_progress, learner.state, [*(learner.state.class_task.count(t) for t in range(learner.state.steps)), len(new)])
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
     step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": spec})
     save_from_main(learner, learner_dir)
@@ -266,13 +282,15 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
     metrics = evaluate_learner(learner, engine, test)
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
             "test_images": len(test), "metrics": metrics.to_json(), "history": state.history,
+            "accuracy_matrix": [h["metrics"]["per_task"] for h in state.history],
             "summary": history_summary(state.history)}
 
 
 # -- ways out: ONNX, the Hub, the zoo, serving (sbcli.export; optional extras loaded on use) --
 
 
-def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4) -> Any:
+def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, half: bool = False,
+                opset: int | None = None) -> Any:
     """Write the learner at ``learner_dir`` as one ONNX file, checked against PyTorch in onnxruntime.
 
     Returns an :class:`sbcli.export.onnx.OnnxReport` (path, size, parity: max abs diff, argmax agreement).
@@ -280,7 +298,20 @@ def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4) -> Any
     from sbcli.export.onnx import OnnxConfig
     from sbcli.export.onnx import export_onnx as write_onnx
 
-    return write_onnx(Learner.load(learner_dir, "cpu"), Path(out), OnnxConfig(tolerance=tolerance))
+    cfg = OnnxConfig(tolerance=tolerance, half=half, opset=opset)  # checks the opset before loading
+    return write_onnx(Learner.load(learner_dir, "cpu"), Path(out), cfg)
+
+
+def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half: bool = False,
+                  opset: int | None = None, max_batch_size: int = 64, max_queue_delay_us: int = 1000) -> Any:
+    """Write a Triton Inference Server model repository for the learner; returns a TritonReport."""
+    from sbcli.export.onnx import OnnxConfig
+    from sbcli.export.triton import TritonConfig
+    from sbcli.export.triton import export_triton as write_triton
+
+    cfg = OnnxConfig(half=half, opset=opset)
+    triton = TritonConfig(name=name or Path(learner_dir).resolve().name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us)
+    return write_triton(Learner.load(learner_dir, "cpu"), Path(out), cfg, triton)
 
 
 def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sbcli.bench_report import class_order_text, epochs_text, ran_on, ran_text, threads_text, what_ran
 from sbcli.errors import ConfigError
 from sbcli.jsonutil import strict
 from sbcli.registry import Registry
@@ -93,8 +94,12 @@ class BenchPlan:
         """What must be the same across the cells of one table (JSON-normalised)."""
         seq = {k: v for k, v in dataclasses.asdict(self.seq).items() if k not in ("tasks", "base", "increment")}
         run = {k: v for k, v in dataclasses.asdict(self.run).items() if k not in ("method", "method_options", "device")}
-        run["train"].pop("compile")  # how fast, not what is computed: a bench may resume with or without it
+        for key in SPEED_KEYS:  # how fast, not what is computed: a bench may resume with other values
+            run["train"].pop(key)
         return json.loads(json.dumps({"sequence": seq, "run": run, "rho": self.rho}))
+
+
+SPEED_KEYS = ("compile", "threads", "eval_batch_size")  # engine settings that change the speed, not the results
 
 
 @dataclass(frozen=True)
@@ -165,7 +170,7 @@ def check_budget(plan: BenchPlan, out: Path) -> None:
     budget = plan.budget()
     if path.is_file():
         stored = json.loads(path.read_text(encoding="utf-8"))
-        stored.get("run", {}).get("train", {}).pop("compile", None)  # older bench.json files recorded it: not a budget key
+        _complete(stored.get("run", {}).get("train", {}))
         if stored != budget:
             changed = sorted(_diff_keys(stored, budget))
             raise ConfigError(f"{out} holds a bench run with other options ({', '.join(changed)}); rerun with the same "
@@ -173,6 +178,18 @@ def check_budget(plan: BenchPlan, out: Path) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(budget, indent=2) + "\n", encoding="utf-8")
+
+
+def _complete(stored_train: dict) -> None:
+    """An older bench.json's engine settings as today's: speed keys dropped, later settings at their defaults."""
+    from sbcli.engine import TrainConfig
+
+    for key in SPEED_KEYS:
+        stored_train.pop(key, None)
+    defaults = json.loads(json.dumps(dataclasses.asdict(TrainConfig())))
+    for key, value in defaults.items():
+        if key not in SPEED_KEYS:
+            stored_train.setdefault(key, value)
 
 
 def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -214,14 +231,16 @@ def run_bench(plan: BenchPlan, out: Path, *, plots: bool = True, on_cell: CellFn
         seq, run = cell_options(plan, cell, kind)
         api.train(seq, run, cell.directory(out), resume=action == "resume", on_progress=on_progress, on_step=on_step)
         ran.append(cell)
-    table = collect(plan, out, kind)
+    table = {**collect(plan, out, kind), "ran": ran_on(plan)}
     files, notes = write_outputs(table, out, plots)
     return BenchResult(out, ran, skipped, table, files, notes)
 
 
 def cell_summary(history: list[dict]) -> dict:
-    """One cell's numbers: both averages, last, and the per-step curves (accuracy, intra-old/new)."""
+    """One cell's numbers: both averages, last, the per-step curves (accuracy, intra-old/new) and
+    what ran: the epochs each step trained (every phase) and the precision of its phases."""
     from sbcli.metrics import history_summary
+    from sbcli.plan import actual_epochs
 
     overall = [h["metrics"]["overall"] for h in history]
     later = history[1:]
@@ -237,7 +256,21 @@ def cell_summary(history: list[dict]) -> dict:
         "old": _mean([h["metrics"]["old"] for h in later]),
         "new": _mean([h["metrics"]["new"] for h in later]),
         "seconds": round(sum(h.get("seconds", 0.0) for h in history), 1),
+        "epochs_per_step": actual_epochs(history),
+        "precision": sorted({p.get("precision", "fp32") for h in history for p in h.get("phases", [])}),
+        **_network_summary(history),
     }
+
+
+def _network_summary(history: list[dict]) -> dict:
+    """The network's own accuracy beside a rule outside it (STD + iCaRL's nearest mean), when recorded."""
+    from sbcli.metrics import history_summary
+
+    if not history or not all("network_metrics" in h for h in history):
+        return {}
+    s = history_summary([{"metrics": h["network_metrics"]} for h in history])
+    return {"network": {"avg_2_to_T": s["avg_incremental_2_to_T"], "avg_1_to_T": s["avg_incremental_1_to_T"],
+                        "last": s["last"], "accuracy": [h["network_metrics"]["overall"] for h in history]}}
 
 
 def _mean(values: list[float]) -> float:
@@ -255,7 +288,8 @@ def collect(plan: BenchPlan, out: Path, kind: str) -> dict:
         for tasks in plan.task_counts:
             directory = Cell(name, tasks).directory(out)
             if steps_done(directory) >= tasks:
-                row["cells"][str(tasks)] = cell_summary(read_state(directory).history)
+                state = read_state(directory)
+                row["cells"][str(tasks)] = {**cell_summary(state.history), "rho": state.method_config.get("rho")}
         rows.append(row)
     return {"dataset": kind, "task_counts": list(plan.task_counts), "budget": plan.budget(), "methods": rows,
             "paper": paper_numbers(kind, plan.methods, plan.task_counts)}
@@ -282,8 +316,11 @@ def _grid(table: dict, key: str) -> list[str]:
     heads = [f"{t} tasks" for t in table["task_counts"]]
     lines = ["| method | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     for row in table["methods"]:
-        values = [_fmt(row["cells"].get(str(t), {}).get(key)) for t in table["task_counts"]]
-        lines.append(f"| {row['label']} | " + " | ".join(values) + " |")
+        cells = [row["cells"].get(str(t), {}) for t in table["task_counts"]]
+        lines.append(f"| {row['label']} | " + " | ".join(_fmt(c.get(key)) for c in cells) + " |")
+        if any("network" in c for c in cells):  # the rule's accuracy above, the network's own output here
+            values = [_fmt(c.get("network", {}).get(key)) for c in cells]
+            lines.append(f"| {row['label']}, network output | " + " | ".join(values) + " |")
     return lines
 
 
@@ -295,10 +332,11 @@ def table_markdown(table: dict) -> str:
              f"Budget: {run['arch']} width {run['width']}, {_epochs(run['train']['epochs'])} a phase, batch "
              f"{run['train']['batch_size']}, lr {run['train']['lr']}, memory {run['memory']} ({run['selection']}), "
              f"classes {seq['classes'] or 'all'}, image size {seq['image_size'] or 'native'}, seed {run['seed']}, "
-             f"class order seed {seq['order_seed']}.", "",
+             f"class order {class_order_text(seq['order_seed'])}, precision {run['train'].get('precision', 'auto')}"
+             f"{threads_text(table)}.", "",
              "## Steps 2..T (the paper's Table 1 metric)", "", *_grid(table, "avg_2_to_T"), "",
              "## Steps 1..T", "", *_grid(table, "avg_1_to_T"), "",
-             "## Accuracy after the last step", "", *_grid(table, "last"), ""]
+             "## Accuracy after the last step", "", *_grid(table, "last"), "", *what_ran(table)]
     if table.get("paper"):
         heads = [f"{t} tasks" for t in table["task_counts"]]
         lines += ["## The paper's Table 1 (steps 2..T; ResNet-18, memory 2000, 200 epochs a phase)", "",
@@ -308,6 +346,27 @@ def table_markdown(table: dict) -> str:
             lines.append(f"| {row['label']} | " + " | ".join(_fmt(paper.get(str(t))) for t in table["task_counts"]) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def describe(plan: BenchPlan, kind: str) -> list[str]:
+    """What the grid will run, said before it starts: epochs per step of each row, rho, class order."""
+    from sbcli.methods import build_config
+    from sbcli.plan import sequence_epochs
+
+    lines = [f"Bench on {plan.seq.source or 'demo'} ({kind}): class order {class_order_text(plan.seq.order_seed)}, "
+             f"{plan.run.train.epochs} epochs a phase, {ran_text(plan)}."]
+    for name in plan.methods:
+        parts = []
+        for tasks in plan.task_counts:
+            seq, run = cell_options(plan, Cell(name, tasks), kind)
+            options = dataclasses.asdict(build_config(run.method, run.method_options))
+            epochs = sequence_epochs(run.method, options, run.train.epochs, [1] * tasks)
+            rho = f", rho {options['rho']:g}" if run.method == "sb" else ""
+            if run.method == "sb" and plan.rho is None and tasks not in PAPER_RHO.get(kind, {}):
+                rho += " (the paper gives none here; --rho sets it)"
+            parts.append(f"T{tasks}: {epochs_text(epochs)}{rho}")
+        lines.append(f"  {name}: epochs per step " + "; ".join(parts))
+    return lines
 
 
 def write_outputs(table: dict, out: Path, plots: bool) -> tuple[list[Path], list[str]]:

@@ -1,4 +1,4 @@
-"""Where and in what precision work runs: device names, bf16 rules, cuDNN autotuning.
+"""Where and in what precision work runs: device names, bf16 rules, cuDNN autotuning, CPU threads.
 
 Below the engine and the export layer, so that both (and the Python face) use the same rules
 without importing each other.
@@ -72,3 +72,17 @@ def cudnn_autotune(device: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.backends.cudnn.benchmark = before
+
+
+@contextmanager
+def compute_threads(threads: int | None) -> Iterator[None]:
+    """Compute on ``threads`` CPU threads inside the block (None: leave torch's setting), then restore."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

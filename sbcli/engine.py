@@ -18,6 +18,7 @@ is sharded over ranks and gathered on each.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -29,29 +30,37 @@ from sbcli import distributed, schedule
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.device import (
     PRECISIONS,
+    compute_threads,
     cudnn_autotune,
     native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
     uses_bf16,
 )
-from sbcli.errors import ConfigError
+from sbcli.errors import ConfigError, TrainingError
 from sbcli.schedule import PhaseSchedule
 from sbcli.selection import PhaseSelection, Validator
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation settings shared by every phase (defaults: the authors' schedule, spec section 6)."""
+    """Optimisation settings shared by every phase (defaults: the authors' schedule, spec section 6).
+
+    Each field is a CLI option of the same name (``--weight-decay``) and a recipe key
+    (:mod:`sbcli.config`), and is recorded in the learner's ``train_config``.
+    """
 
     epochs: int = 200  # every phase: 200 epochs with a fresh optimiser
     batch_size: int = 256
     lr: float = 0.1
     momentum: float = 0.9
+    nesterov: bool = True  # authors' code: SGD with Nesterov momentum
     weight_decay: float = 5e-4
     milestones: tuple[float, ...] = (0.3, 0.6, 0.8)  # 60/120/160 of 200 epochs
-    lr_decay: float = 0.1
+    lr_decay: float = 0.1  # the schedule's gamma at every milestone
+    drop_last: bool = True  # authors' code: an epoch drops its last partial batch (unless it is the only one)
     compile: bool = False  # torch.compile the student and the teacher (once per phase; slower to start)
     eval_batch_size: int = 1024
     precision: str = "auto"  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
+    threads: int | None = None  # CPU compute threads while training and evaluating; None: torch's default
     warmup_epochs: float = 0.0  # linear lr warm-up at the start of every phase (sbcli.schedule); 0: the paper's
     zero_init_residual: bool = False  # last BN of each residual block starts at 0 (each block the identity)
     val_fraction: float = 0.0  # held out of each step's data to pick every phase's best epoch (sbcli.selection)
@@ -64,6 +73,16 @@ class TrainConfig:
             raise ConfigError(f"--warmup-epochs {self.warmup_epochs} is negative; give 0 (no warm-up) or more.")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
+        if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ConfigError("--epochs, --batch-size and --eval-batch-size must be at least 1.")
+        if self.lr < 0 or self.momentum < 0 or self.weight_decay < 0 or not 0 < self.lr_decay <= 1:
+            raise ConfigError("--lr, --momentum and --weight-decay must not be negative, --lr-decay in (0, 1].")
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("Nesterov momentum needs --momentum above 0; give --momentum or --no-nesterov.")
+        if not all(0 < f <= 1 for f in self.milestones):
+            raise ConfigError(f"--milestones are fractions of a phase's epochs in (0, 1], not {self.milestones}.")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {self.threads}.")
 
 
 @dataclass(frozen=True)
@@ -103,6 +122,7 @@ class ProgressEvent:
     loss: float
     images_per_s: float
     precision: str = "fp32"  # what the steps compute in: "bf16" (autocast) or "fp32"
+    lr: float = float("nan")  # the learning rate the epoch's steps used (the last step's, with a per-step schedule)
 
 
 @dataclass
@@ -125,10 +145,10 @@ class PhaseReport:
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.SGD:
-    """SGD with Nesterov momentum and weight decay on every parameter; fused on CUDA."""
+    """SGD with momentum (Nesterov unless ``cfg.nesterov`` is off) and weight decay on every parameter; fused on CUDA."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = device.type == "cuda"
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=True,
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            weight_decay=cfg.weight_decay, fused=fused or None)
 
 
@@ -140,7 +160,11 @@ def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int, bat
 
 
 class Engine:
-    """Runs phases on one device; emits a :class:`ProgressEvent` per epoch."""
+    """Runs phases on one device; emits a :class:`ProgressEvent` per epoch.
+
+    When ``on_progress`` also has an ``on_batch(done, total)`` method (the CLI's live bars), it is
+    called after each batch is launched: a Python call, no device synchronisation.
+    """
 
     def __init__(self, cfg: TrainConfig, device: torch.device, norm: Normalization, seed: int,
                  on_progress: Callable[[ProgressEvent], None] | None = None) -> None:
@@ -151,6 +175,7 @@ class Engine:
         self.generator = torch.Generator().manual_seed(seed)  # permutations: the same on every rank
         self.augment_generator = self._augment_generator(seed)
         self.on_progress = on_progress
+        self.on_batch = getattr(on_progress, "on_batch", None) if self.dist.is_main else None
         self.task = 0
         self.validator: Validator | None = None  # --val-fraction: set per step, picks each phase's best epoch
         self.channels_last = True
@@ -167,10 +192,11 @@ class Engine:
     def run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
         """Train ``model`` for one phase on ``data``; the teacher (if any) runs in eval mode.
 
-        On CUDA, cuDNN autotunes its kernels for the phase (batch shapes are fixed) and the
-        process's own ``cudnn.benchmark`` setting is restored afterwards.
+        On CUDA, cuDNN autotunes its kernels for the phase (batch shapes are fixed); with
+        ``cfg.threads`` the CPU computes on that many threads. The process's own settings are
+        restored afterwards.
         """
-        with cudnn_autotune(self.device):
+        with cudnn_autotune(self.device), compute_threads(self.cfg.threads):
             return self._run(model, data, phase)
 
     def _run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
@@ -181,7 +207,8 @@ class Engine:
         """
         self._to_layout(model, phase.teacher)
         opt = make_optimizer(model, self.cfg, self.device)
-        sched = make_schedule(opt, self.cfg, phase.epochs, schedule.steps_per_epoch(len(data), self.cfg.batch_size))
+        sched = make_schedule(opt, self.cfg, phase.epochs, schedule.steps_per_epoch(len(data), self.cfg.batch_size,
+                                                                                 self.cfg.drop_last))
         student = self._compiled(distributed.data_parallel(model, self.device, self.dist))
         teacher = None if phase.teacher is None else self._compiled(phase.teacher.eval())
         start, seen, loss = time.perf_counter(), 0, float("nan")
@@ -190,16 +217,22 @@ class Engine:
             student.train()
             epoch_start = time.perf_counter()
             total, count = torch.zeros((), device=self.device), 0
-            for batch in data.batch_indices(self.cfg.batch_size, self.generator):
+            size, bs = len(data), self.cfg.batch_size  # the batches batch_indices yields, for the live bars
+            batches = size // bs if self.cfg.drop_last and size >= bs else -(-size // bs)
+            for batch in data.batch_indices(self.cfg.batch_size, self.generator, self.cfg.drop_last):
                 idx = distributed.shard(batch, self.dist)
                 sched.before_step()
                 total += self._step(student, teacher, model, data, idx, phase, opt).detach()
                 count += 1
+                if self.on_batch is not None:
+                    self.on_batch(count, batches)
+            lr = opt.param_groups[0]["lr"]
             sched.step()
             loss = self._epoch_loss(total, count)  # the epoch's one host synchronisation
+            self._check_finite(loss, phase, epoch)
             n = count * min(self.cfg.batch_size, len(data))  # over all ranks
             seen += n
-            self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9))
+            self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9), lr)
             if selection is not None:
                 selection.after_epoch(self, model, epoch, phase.epochs)
         extra = {} if selection is None else selection.finish(model, phase.epochs)
@@ -231,6 +264,13 @@ class Engine:
         summed = distributed.all_reduce_sum(torch.stack([total.float(), total.new_tensor(float(count))]), self.dist)
         return float(summed[0]) / max(float(summed[1]), 1.0)
 
+    def _check_finite(self, loss: float, phase: Phase, epoch: int) -> None:
+        """Stop at once when training diverged: the step in progress is then never saved."""
+        if not math.isfinite(loss):
+            raise TrainingError(f"Training diverged: the loss became {loss} in epoch {epoch} of phase {phase.name} "
+                                f"of step {self.task}, so the learner was left as it was; lower --lr "
+                                f"(now {self.cfg.lr}) or check the data.")
+
     def _to_layout(self, *models: nn.Module | None) -> None:
         """Put weights in channels-last once per phase, so no convolution reorders them per step."""
         if self.channels_last:
@@ -242,9 +282,9 @@ class Engine:
         """``torch.compile`` (once per phase: the wrapper is built here, graphs on first use)."""
         return torch.compile(model) if self.cfg.compile else model
 
-    def _emit(self, phase: Phase, epoch: int, loss: float, rate: float) -> None:
+    def _emit(self, phase: Phase, epoch: int, loss: float, rate: float, lr: float) -> None:
         if self.on_progress is not None and self.dist.is_main:
-            self.on_progress(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision))
+            self.on_progress(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision, lr))
 
     @torch.no_grad()
     def logits(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -263,6 +303,10 @@ class Engine:
         Always in float32, whatever the training precision: what ``sb evaluate`` reports is what the
         exported ONNX model and ``sb predict`` compute, and exemplar features do not depend on it.
         """
+        with compute_threads(self.cfg.threads):
+            return self._features_or_logits(model, images, features)
+
+    def _features_or_logits(self, model: nn.Module, images: torch.Tensor, features: bool) -> torch.Tensor:
         was_training = model.training
         model.eval()
         lo, hi = distributed.shard_range(len(images), self.dist)

@@ -16,6 +16,7 @@ once, by this module's own definitions.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -58,6 +59,11 @@ def scoring_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], inf
     return module.train(model.training)
 
 
+def outside_network(inference: str) -> bool:
+    """Whether the rule scores with more than the network's own logits (a scoring module of its own)."""
+    return inference in SCORING_MODULES
+
+
 NME_MEANS = nme.MEANS_KEY  # "nme.class_means"
 
 
@@ -93,16 +99,18 @@ register_scoring_module("icarl")(nearest_mean_module)
 register_scoring_module("bic")(bic.fold_correction)
 
 
-StateRefresh = Callable[[IncrementalResNet, torch.Tensor, torch.Tensor, FeatureFn], dict[str, torch.Tensor]]
+StateRefresh = Callable[[IncrementalResNet, torch.Tensor, torch.Tensor, FeatureFn, Any], dict[str, torch.Tensor]]
 STATE_REFRESH: Registry[StateRefresh] = Registry("state refresh")
 STATE_REFRESH.register("icarl")(nme.refresh_means)
 
 
-def refresh_state(inference: str, model: IncrementalResNet, images: torch.Tensor, labels: torch.Tensor,
+def refresh_state(cfg: Any, model: IncrementalResNet, images: torch.Tensor, labels: torch.Tensor,
                   engine: Engine) -> dict[str, torch.Tensor]:
-    """The rule's state rebuilt from the exemplars ``images``/``labels`` after a memory update.
+    """The state of ``cfg.inference`` rebuilt from the exemplars ``images``/``labels`` after a memory update.
+
+    ``cfg`` is the method's Config: a refresh may read its settings (iCaRL's ``nme_flips``).
 
     Empty for rules whose state does not depend on the memory (all but ``icarl``).
     """
-    refresh = STATE_REFRESH.find(inference)
-    return {} if refresh is None else refresh(model, images, labels, lambda x: engine.features(model, x))
+    refresh = STATE_REFRESH.find(cfg.inference)
+    return {} if refresh is None else refresh(model, images, labels, lambda x: engine.features(model, x), cfg)

@@ -21,13 +21,21 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from sbcli.data.device import Normalization
 from sbcli.errors import LearnerError
 from sbcli.memory import ExemplarMemory
 from sbcli.nets import create_model
 from sbcli.nets.resnet import IncrementalResNet
+from sbcli.validate import (
+    check_format_version,
+    check_memory_tensors,
+    check_model_tensors,
+    check_state_json,
+    read_json,
+    read_safetensors,
+)
 
 FORMAT_VERSION = 1
 FILES = ("learner.json", "model.safetensors", "memory.safetensors")
@@ -103,8 +111,9 @@ class Learner:
         """Read a learner directory (no pickle). Raises LearnerError on a missing file or newer format."""
         path = Path(path)
         state = read_state(path)
+        tensors = read_safetensors(path / "model.safetensors")
+        check_model_tensors(tensors, state, path / "model.safetensors")
         model = create_model(state.arch, state.num_classes, state.width)
-        tensors = load_file(str(path / "model.safetensors"))
         extra = {k[len(EXTRA_PREFIX):]: v for k, v in tensors.items() if k.startswith(EXTRA_PREFIX)}
         weights = {k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)}
         try:
@@ -123,14 +132,12 @@ def read_state(path: Path) -> LearnerState:
     missing = [f for f in FILES if not (path / f).is_file()]
     if missing:
         raise LearnerError(f"The learner at {path} is missing {', '.join(missing)}; restore the directory from a copy.")
-    try:
-        data: dict[str, Any] = json.loads((path / "learner.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise LearnerError(f"{path}/learner.json is not valid JSON ({err}); restore it from a copy.") from err
-    version = data.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
+    data: Any = read_json(path / "learner.json")
+    version = check_format_version(data, path / "learner.json")
+    if version > FORMAT_VERSION:
         raise LearnerError(f"The learner at {path} has format version {version}, newer than this sbcli reads "
                            f"({FORMAT_VERSION}); upgrade sbcli.")
+    check_state_json(data, path / "learner.json")
     try:
         return LearnerState(**data)
     except TypeError as err:
@@ -138,7 +145,8 @@ def read_state(path: Path) -> LearnerState:
 
 
 def _load_memory(path: Path, state: LearnerState) -> ExemplarMemory:
-    tensors = load_file(str(path / "memory.safetensors"))
+    tensors = read_safetensors(path / "memory.safetensors")
+    check_memory_tensors(tensors, state, path / "memory.safetensors")
     memory = ExemplarMemory(**state.memory)
     if len(tensors["labels"]):
         memory.images, memory.labels = tensors["images"], tensors["labels"].long()

@@ -15,11 +15,14 @@ from dataclasses import dataclass
 import torch
 
 
-def steps_per_epoch(num_images: int, batch_size: int) -> int:
-    """Optimiser steps of one epoch: full batches only, or one partial batch when that is all there is
-    (as :meth:`sbcli.data.device.DeviceData.batch_indices` draws them)."""
+def steps_per_epoch(num_images: int, batch_size: int, drop_last: bool = True) -> int:
+    """Optimiser steps of one epoch: full batches only, or one partial batch when that is all there is;
+    with ``drop_last`` off, the last partial batch too (as :meth:`sbcli.data.device.DeviceData.batch_indices`
+    draws them)."""
     if num_images == 0:
         return 0
+    if not drop_last:
+        return -(-num_images // batch_size)
     return num_images // batch_size if num_images >= batch_size else 1
 
 

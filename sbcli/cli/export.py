@@ -1,4 +1,5 @@
-"""`sb export`: the learner as one ONNX file, or pushed to the Hugging Face Hub with a model card."""
+"""`sb export`: the learner as one ONNX file, a Triton model repository, or pushed to the Hugging Face
+Hub with a model card."""
 
 from __future__ import annotations
 
@@ -8,20 +9,26 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import OUT, JsonOpt, LearnerArg
+from sbcli.cli._options import OUT, JsonOpt, LearnerArg, QuietOpt
 
-FORMATS = ("onnx",)
+FORMATS = ("onnx", "triton")
 HUB = "Hub"
 
 EPILOG = """Examples:
 
   sb export my-learner --format onnx -o model.onnx
 
+  sb export my-learner --half --opset 21 -o model-fp16.onnx     # fp16 weights and compute
+
+  sb export my-learner --format triton -o model_repository      # model_repository/my-learner/{config.pbtxt,labels.txt,1/model.onnx}
+
   sb export my-learner --to-hub user/my-learner                 # main and branch step-N
 
   sb export my-learner --to-hub user/my-learner --with-memory   # also share the exemplar images
 """
 
+HalfOpt = Annotated[bool, typer.Option("--half", help="fp16 weights and compute (input and output stay float32); checked against PyTorch within 2e-2 of the score scale and 98 % top-1 agreement.", rich_help_panel=OUT)]
+OpsetOpt = Annotated[Optional[int], typer.Option("--opset", help="ONNX opset, 18 to 25 (default: the exporter's, 20 with torch 2.14).", rich_help_panel=OUT, show_default=False)]
 TokenOpt = Annotated[Optional[str], typer.Option("--token", help="Hub access token (default: HF_TOKEN or the stored login).", rich_help_panel=HUB, show_default=False)]
 
 
@@ -36,28 +43,38 @@ def parity_line(parity: dict) -> str:
 @friendly_errors
 def export(
     learner: LearnerArg,
-    format_: Annotated[str, typer.Option("--format", "-f", help="Export format: onnx.", rich_help_panel=OUT)] = "onnx",
+    format_: Annotated[str, typer.Option("--format", "-f", help="Export format: onnx, or triton (a Triton Inference Server model repository).", rich_help_panel=OUT)] = "onnx",
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="ONNX file to write (default: ./LEARNER.onnx; with --to-hub only if given).", rich_help_panel=OUT, show_default=False)] = None,
     to_hub: Annotated[Optional[str], typer.Option("--to-hub", help="Push the learner, its ONNX file and a model card to OWNER/NAME (main and branch step-N).", rich_help_panel=HUB, show_default=False)] = None,
     with_memory: Annotated[bool, typer.Option("--with-memory", help="Also push the exemplar memory (it holds training images).", rich_help_panel=HUB)] = False,
     private: Annotated[bool, typer.Option("--private", help="Create the Hub repository as private.", rich_help_panel=HUB)] = False,
     token: TokenOpt = None,
+    half: HalfOpt = False,
+    opset: OpsetOpt = None,
+    quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Export a learner: an ONNX classifier checked against PyTorch, or a push to the Hub."""
     from sbcli import api
-    from sbcli.cli import render
+    from sbcli.cli import progress, render
 
     if format_ not in FORMATS:
         raise typer.BadParameter(f"'{format_}' is not a format; choose one of: {', '.join(FORMATS)}.", param_hint="--format")
     result: dict = {}
-    if to_hub is None or out is not None:
-        path = out or Path(f"{learner.resolve().name}.onnx")
-        render.ERR.print(f"Exporting {learner} to {path}", highlight=False)
-        result["onnx"] = api.export_onnx(learner, path).to_json()
-    if to_hub is not None:
-        render.ERR.print(f"Pushing {learner} to {to_hub}" + (" with its exemplar memory" if with_memory else ""), highlight=False)
-        result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token).to_json()
+    if format_ == "triton":
+        if to_hub is not None:
+            raise typer.BadParameter("--format triton writes a local model repository; push with --format onnx.", param_hint="--to-hub")
+        _triton(learner, out, half, opset, json_out)
+        return
+    with progress.reporter(quiet) as reporter:
+        if to_hub is None or out is not None:
+            path = out or Path(f"{learner.resolve().name}.onnx")
+            with reporter.status(f"Exporting {learner} to {path} and checking it against PyTorch in onnxruntime"):
+                result["onnx"] = api.export_onnx(learner, path, half=half, opset=opset).to_json()
+        if to_hub is not None:
+            memory = " with its exemplar memory" if with_memory else ""
+            with reporter.status(f"Pushing {learner} to {to_hub}{memory} (ONNX export and parity check first)"):
+                result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token).to_json()
     if json_out:
         render.print_json(result)
         return
@@ -67,10 +84,27 @@ def export(
     if "onnx" in result:
         r = result["onnx"]
         render.OUT.print(f"Wrote {r['path']} ({r['bytes'] / 1e6:.1f} MB): {r['num_classes']} classes, input [N, 3, "
-                         f"{r['image_size']}, {r['image_size']}] in [0, 1], inference {r['inference']}")
+                         f"{r['image_size']}, {r['image_size']}] in [0, 1], inference {r['inference']}, "
+                         f"{r['precision']}, opset {r['opset']}")
     if "hub" in result:
         h = result["hub"]
         revisions = " and ".join(f"{name} ({commit[:10]})" for name, commit in h["revisions"].items())
         render.OUT.print(f"Pushed {', '.join(h['files'])} to {h['url']}: revisions {revisions}")
         if "main" not in h["revisions"]:
             render.OUT.print("main was left as it is: it holds a later step of this sequence.")
+
+
+def _triton(learner: Path, out: Optional[Path], half: bool, opset: Optional[int], json_out: bool) -> None:
+    """`--format triton`: a model repository at OUT (default ./model_repository)."""
+    from sbcli import api
+    from sbcli.cli import render
+
+    repo = out or Path("model_repository")
+    render.ERR.print(f"Exporting {learner} to the Triton model repository {repo}", highlight=False)
+    report = api.export_triton(learner, repo, half=half, opset=opset).to_json()
+    if json_out:
+        render.print_json(report)
+        return
+    render.OUT.print(parity_line(report["onnx"]["parity"]))
+    render.OUT.print(f"Wrote {report['model_dir']}: {', '.join(report['files'])} ({report['onnx']['num_classes']} classes, "
+                     f"dynamic batching); serve it with tritonserver --model-repository={repo}")

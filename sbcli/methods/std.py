@@ -27,10 +27,14 @@ class Config:
     inference: str = "wa"  # spec section 10: STD + WA is the paper's strongest STD variant
     first_task_rules: bool = True  # authors' code: zero head bias, clip negative head weights in step 1
     bic_val_fraction: float = 0.1  # BiC: a tenth of the per-class exemplar quota is held out for the bias layer
+    wa_clip: bool = False  # WA: clip negative head weights in every step, as WA's authors do (S&B's code: step 1 only)
+    nme_flips: bool = True  # iCaRL: class means over the exemplars and their flips, as iCaRL's code (PyCIL: no flips)
 
     def __post_init__(self) -> None:
         if self.inference not in INFERENCES:
             raise ConfigError(f"--inference {self.inference} is not available for std; choose one of {', '.join(INFERENCES)}.")
+        if self.wa_clip and self.inference != "wa":
+            raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
 
 
 def icarl_loss(out: StepOutputs) -> torch.Tensor:
@@ -62,7 +66,7 @@ def _learn_icarl(ctx: TaskContext, cfg: Config) -> TaskResult:
 def _learn_std(ctx: TaskContext, cfg: Config) -> TaskResult:
     """The STD loss; with ``wa`` the head bias stays zero and the new rows are aligned afterwards."""
     phase = Phase("std", kd_ce(ctx.num_old, ctx.lam), ctx.epochs, teacher=ctx.teacher)
-    return run_with_wa(ctx, phase, cfg.inference == "wa")
+    return run_with_wa(ctx, phase, cfg.inference == "wa", clip=cfg.wa_clip)
 
 
 STEPS = {"wa": _learn_std, "none": _learn_std, "bic": _learn_bic, "icarl": _learn_icarl}
