@@ -8,13 +8,15 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import DeviceOpt, JsonOpt, LearnerArg
+from sbcli.cli._options import DeviceOpt, JsonOpt, LearnerArg, StepOpt
 
 EPILOG = """Examples:
 
   sb evaluate my-learner                  # on the test images of every task it learned
 
   sb evaluate my-learner ./holdout --json # on a class-per-folder directory
+
+  sb evaluate my-learner --step 2         # the learner as it was after step 2 (a kept step)
 """
 
 
@@ -22,6 +24,7 @@ EPILOG = """Examples:
 def evaluate(
     learner: LearnerArg,
     folder: Annotated[Optional[Path], typer.Argument(help="Class-per-folder test images (default: the learner's own test sets).", show_default=False)] = None,
+    step: StepOpt = None,
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
@@ -29,7 +32,7 @@ def evaluate(
     from sbcli import api
     from sbcli.cli import render
 
-    result = api.evaluate(learner, folder, device=device)
+    result = api.evaluate(learner, folder, device=device, step=step)
     if json_out:
         render.print_json(result)
         return
