@@ -72,7 +72,7 @@ def test_a_crash_at_every_point_of_a_save_leaves_a_complete_learner_old_or_new(b
     points = save_points(base, tmp_path, monkeypatch)
     assert {"write:model", "fsync:model", "write:memory", "fsync:memory", "write:state", "fsync:state",
             "fsync:step-dir", "fsync:steps", "write:learner.json.tmp", "fsync:learner.json.tmp",
-            "rename:learner.json", "fsync:root", "delete:tmp", "delete:step"} <= set(points)
+            "rename:learner.json", "fsync:root", "delete:tmp", "delete:leftover-step", "delete:dropped-step"} <= set(points)
     committed_at = points.index("rename:learner.json")
     occurrences = Counter()
     for i, point in enumerate(points):
@@ -227,3 +227,36 @@ def test_a_reader_whose_files_a_writer_deleted_reads_learner_json_again(base, tm
     monkeypatch.setattr(learner_module, "open_stored", lambda path: next(calls, None) or real(path))
     again = Learner.load(target)
     assert again.state.steps == 2 and marker(again) == 2.0
+
+
+def test_a_crash_at_every_point_of_the_first_save_of_a_format_1_learner(tmp_path, monkeypatch):
+    import shutil
+
+    probe = tmp_path / "probe"
+    shutil.copytree(ZOO_V1, probe)
+    learner = Learner.load(probe)
+    fake_step(learner, 3.0)
+    seen: list[str] = []
+    monkeypatch.setattr(commit, "checkpoint", seen.append)
+    learner.save(probe)
+    monkeypatch.undo()
+    assert "delete:v1" in seen
+    committed_at, occurrences = seen.index("rename:learner.json"), Counter()
+    for i, point in enumerate(seen):
+        occurrences[point] += 1
+        target = tmp_path / f"v1-{i}"
+        shutil.copytree(ZOO_V1, target)
+        nth, hits = occurrences[point], Counter()
+
+        def crash(name, point=point, nth=nth, hits=hits):
+            hits[name] += 1
+            if name == point and hits[name] == nth:
+                raise Crash(name)
+
+        monkeypatch.setattr(commit, "checkpoint", crash)
+        with pytest.raises(Crash):
+            learner.save(target)
+        monkeypatch.undo()
+        after = Learner.load(target)
+        assert after.state.steps == (3 if i >= committed_at else 2), point
+        assert sorted(kept_steps(target)) == ([2, 3] if i >= committed_at else [2]), point
