@@ -260,3 +260,47 @@ def test_a_crash_at_every_point_of_the_first_save_of_a_format_1_learner(tmp_path
         after = Learner.load(target)
         assert after.state.steps == (3 if i >= committed_at else 2), point
         assert sorted(kept_steps(target)) == ([2, 3] if i >= committed_at else [2]), point
+
+
+def test_a_directory_that_cannot_be_locked_or_written_is_one_sentence(base, tmp_path, monkeypatch):
+    import filelock
+
+    from sbcli.store import lock as lock_module
+
+    target = tmp_path / "l"
+    Learner.load(base).save(target)
+
+    def read_only(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(target / ".sbcli.lock"))
+
+    monkeypatch.setattr(filelock.FileLock, "acquire", read_only)
+    with pytest.raises(LearnerError, match="Cannot lock the learner .* writable"):
+        with writer_lock(target, "add-task"):
+            pass
+    monkeypatch.undo()
+
+    def full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(lock_module.Path, "write_text", full)
+    with pytest.raises(LearnerError, match="No space left on device"):
+        with writer_lock(target, "add-task"):
+            pass
+
+
+def test_a_full_disk_during_the_save_is_one_sentence_and_the_learner_stays(base, tmp_path, monkeypatch):
+    target = tmp_path / "l"
+    learner = Learner.load(base)
+    learner.save(target)
+    before = tree(target)
+
+    def full(path):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(commit, "fsync_file", full)
+    fake_step(learner, 2.0)
+    with pytest.raises(LearnerError, match="No space left on device.*unchanged"):
+        learner.save(target)
+    monkeypatch.undo()
+    assert {k: v for k, v in tree(target).items() if k in before} == before
+    assert Learner.load(target).state.steps == 1
