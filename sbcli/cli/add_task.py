@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import DeviceOpt, EpochsOpt, JsonOpt, KeepOpt, LearnerArg, TestOpt
+from sbcli.cli._options import DeviceOpt, EpochsOpt, JsonOpt, KeepOpt, LearnerArg, TestOpt, WarmupOpt
 
 EPILOG = """Example:
 
@@ -24,6 +24,7 @@ def add_task(
     method: Annotated[Optional[str], typer.Option("--method", help="Check that the learner uses this method (a learner keeps the method it was started with).", show_default=False)] = None,
     epochs: EpochsOpt = None,
     keep: KeepOpt = None,
+    warmup_epochs: WarmupOpt = None,
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
@@ -37,6 +38,7 @@ def add_task(
         render.ERR.print(f"Adding the classes of {folder} to {learner}", highlight=False)
     with distributed.session(device):
         step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method, keep=keep,
+                            warmup_epochs=warmup_epochs,
                             on_progress=render.ProgressPrinter(5))
     if not main:
         return
