@@ -97,7 +97,12 @@ def next_writer_cleans(learner: Path) -> bool:
 
     with writer_lock(learner, "benchmark"):
         current = Learner.load(learner)
-        current.state.history.append(dict(current.state.history[-1], step=current.state.steps + 1))
+        state, name = current.state, f"next-writer-{current.state.steps + 1}"
+        state.class_names.append(name)
+        state.class_task.append(state.steps)
+        state.tasks.append(dict(state.tasks[-1], classes=[name]))
+        state.history.append(dict(state.history[-1], step=state.steps + 1, num_classes=len(state.class_names)))
+        current.model.expand_classes(1)
         current.save(learner)
     return check(learner)[0] == "ok" and not check(learner)[2]
 

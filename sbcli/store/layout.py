@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sbcli.errors import LearnerError
+from sbcli.validate import RESTORE, check_format_version
 
 FORMAT_VERSION = 2
 STATE_FILE = "learner.json"
@@ -100,12 +101,14 @@ class Stored:
 
 
 def read_json_bytes(raw: bytes, where: Path) -> Any:
+    """``sbcli.validate.read_json`` on bytes already read (a reader keeps them to notice a commit)."""
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise LearnerError(f"{where} is not UTF-8 text ({err.reason}); restore it from a copy.") from err
-    except json.JSONDecodeError as err:
-        raise LearnerError(f"{where} is not valid JSON ({err}); restore it from a copy.") from err
+        raise LearnerError(f"{where} is damaged: it is not UTF-8 text (byte {err.start}); {RESTORE}.") from err
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, too many digits, nesting too deep
+        raise LearnerError(f"{where} is damaged: it is not valid JSON ({str(err).splitlines()[0][:120]}); "
+                           f"{RESTORE}.") from err
 
 
 def read_stored(root: Path) -> Stored:
@@ -115,11 +118,7 @@ def read_stored(root: Path) -> Stored:
         raise LearnerError(f"No learner at {root}; give the directory that `sb train --out` wrote.")
     raw = path.read_bytes()
     data = read_json_bytes(raw, path)
-    if not isinstance(data, dict):
-        raise LearnerError(f"{path} holds a JSON {type(data).__name__}, not an object; restore it from a copy.")
-    version = data.get("format_version")
-    if type(version) is not int or version < 1:
-        raise LearnerError(f"{path} has format_version {version!r}, not a positive integer; restore it from a copy.")
+    version = check_format_version(data, path)
     if version > FORMAT_VERSION:
         raise LearnerError(f"The learner at {root} has format version {version}, newer than this sbcli reads "
                            f"({FORMAT_VERSION}); upgrade sbcli.")
