@@ -75,8 +75,8 @@ class TrainConfig:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
         if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
             raise ConfigError("--epochs, --batch-size and --eval-batch-size must be at least 1.")
-        if self.lr <= 0 or self.momentum < 0 or self.weight_decay < 0 or not 0 < self.lr_decay <= 1:
-            raise ConfigError("--lr must be positive, --momentum and --weight-decay not negative, --lr-decay in (0, 1].")
+        if self.lr < 0 or self.momentum < 0 or self.weight_decay < 0 or not 0 < self.lr_decay <= 1:
+            raise ConfigError("--lr, --momentum and --weight-decay must not be negative, --lr-decay in (0, 1].")
         if self.nesterov and self.momentum == 0:
             raise ConfigError("Nesterov momentum needs --momentum above 0; give --momentum or --no-nesterov.")
         if not all(0 < f <= 1 for f in self.milestones):
@@ -122,6 +122,7 @@ class ProgressEvent:
     loss: float
     images_per_s: float
     precision: str = "fp32"  # what the steps compute in: "bf16" (autocast) or "fp32"
+    lr: float = float("nan")  # the learning rate the epoch's steps used (the last step's, with a per-step schedule)
 
 
 @dataclass
@@ -159,7 +160,11 @@ def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int, bat
 
 
 class Engine:
-    """Runs phases on one device; emits a :class:`ProgressEvent` per epoch."""
+    """Runs phases on one device; emits a :class:`ProgressEvent` per epoch.
+
+    When ``on_progress`` also has an ``on_batch(done, total)`` method (the CLI's live bars), it is
+    called after each batch is launched: a Python call, no device synchronisation.
+    """
 
     def __init__(self, cfg: TrainConfig, device: torch.device, norm: Normalization, seed: int,
                  on_progress: Callable[[ProgressEvent], None] | None = None) -> None:
@@ -170,6 +175,7 @@ class Engine:
         self.generator = torch.Generator().manual_seed(seed)  # permutations: the same on every rank
         self.augment_generator = self._augment_generator(seed)
         self.on_progress = on_progress
+        self.on_batch = getattr(on_progress, "on_batch", None) if self.dist.is_main else None
         self.task = 0
         self.validator: Validator | None = None  # --val-fraction: set per step, picks each phase's best epoch
         self.channels_last = True
@@ -211,17 +217,22 @@ class Engine:
             student.train()
             epoch_start = time.perf_counter()
             total, count = torch.zeros((), device=self.device), 0
+            size, bs = len(data), self.cfg.batch_size  # the batches batch_indices yields, for the live bars
+            batches = size // bs if self.cfg.drop_last and size >= bs else -(-size // bs)
             for batch in data.batch_indices(self.cfg.batch_size, self.generator, self.cfg.drop_last):
                 idx = distributed.shard(batch, self.dist)
                 sched.before_step()
                 total += self._step(student, teacher, model, data, idx, phase, opt).detach()
                 count += 1
+                if self.on_batch is not None:
+                    self.on_batch(count, batches)
+            lr = opt.param_groups[0]["lr"]
             sched.step()
             loss = self._epoch_loss(total, count)  # the epoch's one host synchronisation
             self._check_finite(loss, phase, epoch)
             n = count * min(self.cfg.batch_size, len(data))  # over all ranks
             seen += n
-            self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9))
+            self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9), lr)
             if selection is not None:
                 selection.after_epoch(self, model, epoch, phase.epochs)
         extra = {} if selection is None else selection.finish(model, phase.epochs)
@@ -271,9 +282,9 @@ class Engine:
         """``torch.compile`` (once per phase: the wrapper is built here, graphs on first use)."""
         return torch.compile(model) if self.cfg.compile else model
 
-    def _emit(self, phase: Phase, epoch: int, loss: float, rate: float) -> None:
+    def _emit(self, phase: Phase, epoch: int, loss: float, rate: float, lr: float) -> None:
         if self.on_progress is not None and self.dist.is_main:
-            self.on_progress(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision))
+            self.on_progress(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision, lr))
 
     @torch.no_grad()
     def logits(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:

@@ -163,18 +163,22 @@ def test_the_bundled_format_1_learner_still_loads():
 
 
 def test_a_recorded_source_never_downloads(learner, monkeypatch, tmp_path):
-    from sbcli.data import sources
+    from sbcli.data import catalog
 
-    def no_download(*args, **kwargs):
-        raise AssertionError("a source recorded in a learner started a download")
+    real, asked = catalog.sources.load_cifar, []
 
-    monkeypatch.setattr(sources, "_download_cifar", no_download)
+    def no_download(root, name, train, *, download):
+        asked.append(download)
+        return real(root, name, train, download=False)
+
+    monkeypatch.setattr(catalog.sources, "load_cifar", no_download)
     root = tmp_path / "cifar-root"
     _json(lambda s: s["tasks"][0].__setitem__("source", {"kind": "cifar10", "root": str(root), "download": True}))(
         learner_files(learner))
     before = hashes(learner)
     res = runner.invoke(app, ["evaluate", str(learner), "--device", "cpu"])
-    assert res.exit_code == 1 and res.stderr.startswith("Error:"), res.output
+    assert res.exit_code == 1 and "cifar-10" in res.stderr.lower(), res.output  # the files are missing: said so
+    assert asked == [False]  # the recorded "download": true was not obeyed
     assert not root.exists()  # no folder made, nothing fetched
     assert hashes(learner) == before
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import OUT, JsonOpt, LearnerArg, StepOpt
+from sbcli.cli._options import OUT, JsonOpt, LearnerArg, QuietOpt, StepOpt
 
 FORMATS = ("onnx", "triton")
 HUB = "Hub"
@@ -61,11 +61,12 @@ def export(
     token: TokenOpt = None,
     half: HalfOpt = False,
     opset: OpsetOpt = None,
+    quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Export a learner: an ONNX classifier checked against PyTorch, or a push to the Hub."""
     from sbcli import api
-    from sbcli.cli import render
+    from sbcli.cli import progress, render
 
     if format_ not in FORMATS:
         raise typer.BadParameter(f"'{format_}' is not a format; choose one of: {', '.join(FORMATS)}.", param_hint="--format")
@@ -76,13 +77,16 @@ def export(
             raise typer.BadParameter("--format triton writes a local model repository; push with --format onnx.", param_hint="--to-hub")
         _triton(learner, out, half, opset, json_out)
         return
-    if to_hub is None or out is not None:
-        path = out or Path(f"{learner.resolve().name}.onnx")
-        render.ERR.print(f"Exporting {learner} to {path}", highlight=False)
-        result["onnx"] = api.export_onnx(learner, path, half=half, opset=opset, step=step, overwrite=overwrite).to_json()
-    if to_hub is not None:
-        render.ERR.print(f"Pushing {learner} to {to_hub}" + (" with its exemplar memory" if with_memory else ""), highlight=False)
-        result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token).to_json()
+    with progress.reporter(quiet) as reporter:
+        if to_hub is None or out is not None:
+            path = out or Path(f"{learner.resolve().name}.onnx")
+            with reporter.status(f"Exporting {learner} to {path} and checking it against PyTorch in onnxruntime"):
+                result["onnx"] = api.export_onnx(learner, path, half=half, opset=opset, step=step,
+                                                   overwrite=overwrite).to_json()
+        if to_hub is not None:
+            memory = " with its exemplar memory" if with_memory else ""
+            with reporter.status(f"Pushing {learner} to {to_hub}{memory} (ONNX export and parity check first)"):
+                result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token).to_json()
     if json_out:
         render.print_json(result)
         return
