@@ -43,7 +43,7 @@ def cli(*args) -> str:
 
 def test_every_json_command_has_a_schema():
     assert set(SCHEMAS) == {"train", "add-task", "evaluate", "export", "export-triton", "predict", "pull", "pull-list",
-                            "bench"}
+                            "bench", "rollback"}
 
 
 def test_schemas_refuse_what_they_should():
@@ -63,6 +63,14 @@ def test_predict_and_pull(grown_run, color_data, tmp_path):
     assert len(check("predict", cli("predict", grown_run["learner"], image, "--json", "--device", "cpu"))["predictions"]) == 1
     check("pull-list", cli("pull", "--list", "--json"))
     check("pull", cli("pull", "demo-sb-tiny", "-o", tmp_path / "pulled", "--json"))
+
+
+def test_rollback(grown_run, tmp_path):
+    import shutil
+
+    learner = tmp_path / "l"
+    shutil.copytree(grown_run["learner"], learner)
+    assert check("rollback", cli("rollback", learner, "2", "--json"))["kept_steps"] == [1, 2, 3]
 
 
 def test_export_to_a_file_and_the_hub(grown_run, fake_hub, tmp_path):
