@@ -6,7 +6,7 @@ A learner may come from anywhere (a pull, a copy, a crafted file), so nothing in
   a whole-number ``format_version`` and the JSON type and bounds of every field
   (``width <= MAX_WIDTH``, ``image_size <= MAX_IMAGE_SIZE``, ``MAX_CLASSES`` classes ...), so that a
   crafted file cannot make sbcli allocate gigabytes.
-* :func:`read_safetensors`: a safetensors file read without trusting it: the header length is
+* (in :mod:`sbcli.validate_tensors`, re-exported here) :func:`read_safetensors`: a safetensors file read without trusting it: the header length is
   bounded, every offset lies inside the file and the tensors tile the data exactly, dtypes come
   from a whitelist. Nothing is allocated beyond the file's own size.
 * :func:`check_model_tensors`: the weights the learner's network has (names, shapes, float32 with
@@ -15,7 +15,6 @@ A learner may come from anywhere (a pull, a copy, a crafted file), so nothing in
 * :func:`check_memory_tensors`: exemplar images uint8 at the training size, int64 labels in range.
 
 Each failure raises :class:`~sbcli.errors.LearnerError` naming the file and what is wrong.
-``read_safetensors`` lives in :mod:`sbcli.tensorfile` and is re-exported here.
 """
 
 from __future__ import annotations
@@ -27,12 +26,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
-import torch
-
 from sbcli.errors import LearnerError
-from sbcli.tensorfile import damaged as _damaged
-from sbcli.tensorfile import found as _found
-from sbcli.tensorfile import read_safetensors
+from sbcli.validate_tensors import (  # noqa: F401  (the tensor checks live there; re-exported here)
+    EXTRA_PREFIX,
+    MAX_DIMS,
+    MAX_HEADER_BYTES,
+    RESTORE,
+    SAFETENSORS_DTYPES,
+    _damaged,
+    _found,
+    check_memory_tensors,
+    check_model_tensors,
+    read_safetensors,
+)
 
 MAX_WIDTH = 4.0  # ResNet-18 at width 4: 180 M parameters (the paper uses 1.0)
 MAX_IMAGE_SIZE = 512
@@ -41,12 +47,10 @@ MAX_BUDGET = 10_000_000
 MAX_EPOCHS = 1_000_000
 MAX_BATCH = 1 << 20
 MAX_SEED = 1 << 40  # seed * 1000 + step must stay a valid torch seed
-EXTRA_PREFIX = "extra."
 
-__all__ = ["check_format_version", "check_memory_tensors", "check_model_tensors", "check_state_json",
-           "read_json", "read_safetensors"]
 
 Check = Callable[[Any], str | None]  # a value -> None when it is fine, else what is wrong with it
+
 
 
 # -- learner.json -----------------------------------------------------------------------------
@@ -307,72 +311,3 @@ def _cross_check(data: dict) -> str | None:
         if unknown:
             return f"tasks[{i}] names the class {unknown[0]!r}, which is not in class_names"
     return None
-
-
-# -- tensors against learner.json -------------------------------------------------------------
-
-
-def check_model_tensors(tensors: dict[str, torch.Tensor], state: Any, where: Path | str) -> None:
-    """The network's weights as the learner's architecture has them: names, shapes, dtypes, finite.
-
-    Method state (``extra.*``) must be float32 or int64 and finite. The expected weights come
-    from the network built on the ``meta`` device, so nothing is allocated here.
-
-    Raises:
-        LearnerError: a missing, unexpected, misshaped, non-float32 or non-finite tensor.
-    """
-    from sbcli.nets import create_model
-
-    with torch.device("meta"):
-        expected = create_model(state.arch, state.num_classes, state.width).state_dict()
-    weights = {k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)}
-    missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    if missing or unexpected:
-        what = f"the weight {missing[0]} is missing" if missing else f"it has the unknown weight {unexpected[0]}"
-        raise _damaged(where, f"{what} for a {state.arch} of width {state.width} with {state.num_classes} classes")
-    for name, want in expected.items():
-        got = weights[name]
-        if got.dtype != want.dtype:
-            raise _damaged(where, f"{name} is stored as {_dtype(got.dtype)}, not {_dtype(want.dtype)}")
-        if tuple(got.shape) != tuple(want.shape):
-            raise _damaged(where, f"{name} has shape {list(got.shape)}, the network needs {list(want.shape)}")
-    for name, value in tensors.items():
-        if name.startswith(EXTRA_PREFIX) and value.dtype not in (torch.float32, torch.int64):
-            raise _damaged(where, f"{name} is stored as {_dtype(value.dtype)}, not float32 or int64")
-        _check_finite(name, value, where)
-
-
-def _dtype(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
-def _check_finite(name: str, value: torch.Tensor, where: Path | str) -> None:
-    if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-        raise _damaged(where, f"{name} holds NaN or infinite values")
-
-
-def check_memory_tensors(tensors: dict[str, torch.Tensor], state: Any, where: Path | str) -> None:
-    """Exemplars: uint8 images [M, 3, S, S] at the learner's image size, int64 labels [M] of known classes.
-
-    Raises:
-        LearnerError: missing or extra tensors, wrong dtypes or shapes, labels out of range, or
-            more exemplars than the learner's budget.
-    """
-    if set(tensors) != {"images", "labels"}:
-        names = ", ".join(sorted(tensors)) or "nothing"
-        raise _damaged(where, f"it must hold images and labels, it holds {names}")
-    images, labels = tensors["images"], tensors["labels"]
-    if images.dtype != torch.uint8:
-        raise _damaged(where, f"the exemplar images are {_dtype(images.dtype)}, not uint8")
-    if labels.dtype != torch.int64:
-        raise _damaged(where, f"the exemplar labels are {_dtype(labels.dtype)}, not int64")
-    count, size = labels.shape[0] if labels.dim() == 1 else -1, state.image_size
-    if labels.dim() != 1 or images.dim() != 4 or images.shape[0] != count or images.shape[1] != 3:
-        raise _damaged(where, f"images {list(images.shape)} and labels {list(labels.shape)} are not [M, 3, H, W] and [M]")
-    if count and tuple(images.shape[2:]) != (size, size):
-        raise _damaged(where, f"the exemplar images are {images.shape[2]}x{images.shape[3]}, the learner's are {size}x{size}")
-    budget = state.memory.get("budget", 0)
-    if count > budget:
-        raise _damaged(where, f"it holds {count} exemplars, more than the learner's budget of {budget}")
-    if count and (int(labels.min()) < 0 or int(labels.max()) >= state.num_classes):
-        raise _damaged(where, f"an exemplar label lies outside 0..{state.num_classes - 1}")

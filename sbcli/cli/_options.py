@@ -17,6 +17,8 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.", r
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed of weights, batches, augmentation and exemplar choice (default 0).", rich_help_panel=OPT, show_default=False)]
 EpochsOpt = Annotated[Optional[int], typer.Option("--epochs", help="Epochs of every phase (paper: 200).", rich_help_panel=OPT, show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.", rich_help_panel=OUT)]
+KeepOpt = Annotated[Optional[int], typer.Option("--keep", help="Keep the files of only the last N steps (default: every step, for --step and `sb rollback`).", rich_help_panel=OUT, show_default=False)]
+StepOpt = Annotated[Optional[int], typer.Option("--step", help="Use kept step N of the learner instead of its current one.", show_default=False)]
 TestOpt = Annotated[Optional[Path], typer.Option("--test", help="Class-per-folder test images of the same classes.", rich_help_panel=DATA, show_default=False)]
 
 # Options shared by `sb train` and `sb bench` (one definition, one help text).
@@ -32,8 +34,10 @@ SelectionOpt = Annotated[Optional[str], typer.Option("--selection", help="Exempl
 ClassesOpt = Annotated[Optional[int], typer.Option("--classes", help="Keep only the first N classes of the class order (a smaller benchmark).", rich_help_panel=DATA, show_default=False)]
 CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile the student and teacher once per phase (minutes to compile; for long GPU runs: no gain measured on CPU).", rich_help_panel=OPT)]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="auto (bf16 autocast where the device computes in bf16 natively: recent GPUs, CPUs with AVX-512 BF16 or AMX; float32 elsewhere), bf16 or fp32.", rich_help_panel=OPT)]
+QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (results and errors only).", rich_help_panel=OUT)]
+LogOpt = Annotated[Optional[list[str]], typer.Option("--log", help="Also log to tensorboard or mlflow (repeat for both; extras of the same names).", rich_help_panel=OUT, show_default=False)]
 WarmupOpt = Annotated[Optional[float], typer.Option("--warmup-epochs", help="Linear learning-rate warm-up at the start of every phase, in epochs (default 1 in sb train; 0 in sb bench and the paper recipes).", rich_help_panel=OPT, show_default=False)]
-ZeroInitOpt = Annotated[Optional[bool], typer.Option("--zero-init-residual/--no-zero-init-residual", help="Start the last BN of every residual block at 0, so each block starts as its shortcut (default on in sb train; off in sb bench and the paper recipes).", rich_help_panel=OPT, show_default=False)]
+ZeroInitOpt = Annotated[Optional[bool], typer.Option("--zero-init-residual/--no-zero-init-residual", help="Start the last BN of every residual block at 0, so each block starts as its shortcut (default off: it stalled the demo's first task, docs/benchmarks.md).", rich_help_panel=OPT, show_default=False)]
 PretrainedOpt = Annotated[Optional[str], typer.Option("--pretrained", help="Start the backbone from safetensors weights: a Hub repo OWNER/NAME or OWNER/NAME@REVISION (timm's ResNet names, e.g. timm/resnet18.a1_in1k with --arch resnet18-in, or an sbcli learner) or a local .safetensors file; the head is new.", rich_help_panel=OPT, show_default=False)]
 PretrainedHashOpt = Annotated[Optional[str], typer.Option("--pretrained-sha256", help="Refuse --pretrained weights whose SHA-256 differs from this.", rich_help_panel=OPT, show_default=False)]
 ValFractionOpt = Annotated[Optional[float], typer.Option("--val-fraction", help="Hold out this share of each new class's images and of the exemplars; every phase keeps its best epoch on them (default 0: the last epoch).", rich_help_panel=OPT, show_default=False)]

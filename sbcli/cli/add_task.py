@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import DeviceOpt, EpochsOpt, JsonOpt, LearnerArg, TestOpt, WarmupOpt
+from sbcli.cli._options import DeviceOpt, EpochsOpt, JsonOpt, KeepOpt, LearnerArg, LogOpt, QuietOpt, TestOpt, WarmupOpt
 
 EPILOG = """Example:
 
@@ -23,30 +23,44 @@ def add_task(
     test: TestOpt = None,
     method: Annotated[Optional[str], typer.Option("--method", help="Check that the learner uses this method (a learner keeps the method it was started with).", show_default=False)] = None,
     epochs: EpochsOpt = None,
+    keep: KeepOpt = None,
     warmup_epochs: WarmupOpt = None,
     device: DeviceOpt = "auto",
+    log: LogOpt = None,
+    quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Add a new class set to a learner (the learner is rewritten only when the step is done)."""
-    from sbcli import api, distributed
-    from sbcli.cli import render
+    from sbcli import api, distributed, loggers
+    from sbcli.cli import progress, render
+    from sbcli.cli.runs import closing_line
     from sbcli.learner import read_state
+    from sbcli.metrics import history_summary
+    from sbcli.plan import actual_epochs
 
-    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints
-    if main:
-        render.ERR.print(f"Adding the classes of {folder} to {learner}", highlight=False)
-    with distributed.session(device):
-        step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method,
-                            warmup_epochs=warmup_epochs,
-                            on_progress=render.ProgressPrinter(5))
+    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
+    loggers.check_kinds(log or [])
+    state = read_state(learner)
+    reporter = progress.reporter(quiet or not main, every=max(1, (epochs or state.train_config["epochs"]) // 10))
+    with distributed.session(device), reporter:
+        if main and log:
+            options = {"learner": str(learner), "folder": str(folder), "method": state.method,
+                       "method_config": state.method_config, "train": {**state.train_config, "epochs": epochs or state.train_config["epochs"]}}
+            before = sum(actual_epochs(state.history))
+            reporter.open_logs = lambda: loggers.open_logs(log, learner, options, before)
+        reporter.note(f"Adding the classes of {folder} to {learner}")
+        step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method, keep=keep,
+                            warmup_epochs=warmup_epochs, on_progress=reporter)
+        reporter.step(step)
     if not main:
         return
-    render.step_line(step)
     history = read_state(learner).history
+    result = history_summary(history)
     if json_out:
-        render.print_json({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(), "history": history})
+        render.print_json({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(),
+                           "history": history, "summary": result})
         return
-    render.OUT.print(render.history_table(history))
-    ablation = render.ablation_table(history)
-    if ablation is not None:
-        render.OUT.print(ablation)
+    for table in render.closing_tables(history, result):
+        render.OUT.print(table)
+    render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
+    render.OUT.print(f"Learner {learner} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")
