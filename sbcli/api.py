@@ -31,6 +31,9 @@ from sbcli.nets import create_model, list_models
 from sbcli.plan import sequence_epochs
 from sbcli.results import write_results
 from sbcli.steps import StepSummary, evaluate_learner, learn_step
+from sbcli.store import legacy
+from sbcli.store.lock import writer_lock
+from sbcli.store.outputs import check_output_dir, check_output_file, enclosing_learner
 from sbcli.validate import MAX_WIDTH
 
 ProgressFn = Callable[[ProgressEvent], None]
@@ -98,23 +101,36 @@ def _check_sequence(seq: SequenceOptions) -> None:
 
 
 def _check_out(out: Path, resume: bool) -> None:
+    legacy.recover(out)
+    check_output_dir(out, option="--out", resume=resume)
     if resume and not (out / "learner.json").is_file():
         raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
-    if not resume and out.exists() and any(out.iterdir()):
-        raise LearnerError(f"{out} already exists; pass --resume to continue it or choose another --out.")
 
 
-def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = False,
+def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = False, keep: int | None = None,
           on_progress: ProgressFn | None = None, on_step: StepFn | None = None) -> Learner:
     """Learn a whole task sequence, saving the learner to ``out`` after every step.
 
-    With ``resume``, continue the sequence stored at ``out`` from its last completed step.
+    With ``resume``, continue the sequence stored at ``out`` from its last completed step. ``keep``:
+    keep only the last N steps' files (default: every step). ``out`` is locked for the whole run.
     """
     out = Path(out)
     device = _check_run(run)
+    _check_keep(keep)
     _check_sequence(seq)
     _check_out(out, resume)
     preflight.check_writable(out)
+    with writer_lock(out, "train", create=True, enabled=distributed.is_main_process()):
+        return _train(seq, run, out, device, resume, keep, on_progress, on_step)
+
+
+def _check_keep(keep: int | None) -> None:
+    if keep is not None and keep < 1:
+        raise ConfigError(f"--keep {keep} keeps no step; give 1 or more (1 keeps only the current step).")
+
+
+def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.device, resume: bool, keep: int | None,
+           on_progress: ProgressFn | None, on_step: StepFn | None) -> Learner:
     weights = None
     if run.pretrained and not resume:  # fetched and checked before any data is read
         from sbcli import pretrained
@@ -153,7 +169,7 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
         new = [names[c] for c in scenario.tasks[step]]
         seen = ordered[: sum(scenario.sizes[: step + 1])]
         summary_ = _learn(learner, opened, new, seen, ordered, spec, device, run.seed, on_progress)
-        save_from_main(learner, out)
+        save_from_main(learner, out, keep)
         if on_step and distributed.is_main_process():
             on_step(summary_)
     return learner
@@ -182,7 +198,7 @@ def _tuples(cfg: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
 
 
-def save_from_main(learner: Learner, out: Path) -> None:
+def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None:
     """Save the learner from rank 0 alone (any process when there is one).
 
     With several processes, every rank first takes rank 0's exemplars and method state, so that
@@ -193,12 +209,7 @@ def save_from_main(learner: Learner, out: Path) -> None:
     memory.images, memory.labels, learner.extra = distributed.broadcast_objects(
         [memory.images, memory.labels, learner.extra], group)
     if group.is_main:
-        try:
-            learner.save(out)
-        except OSError as err:
-            raise LearnerError(f"Could not save the learner to {out} ({err.strerror or err}: {err.filename}); what was "
-                               "saved there before is unchanged: free some space or fix the permissions and run "
-                               "the command again.") from err
+        learner.save(out, keep)
         write_results(learner.state, out)
     distributed.barrier(group)
 
@@ -221,12 +232,22 @@ def load_test_sets(learner: Learner) -> ImageSet:
 
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
              epochs: int | None = None, method: str | None = None, warmup_epochs: float | None = None,
+             keep: int | None = None,
              on_progress: ProgressFn | None = None) -> StepSummary:
     """Learn the classes of ``folder`` (class-per-folder) as a new task of the learner at ``learner_dir``.
 
     Everything is checked before training; the learner on disk changes only when the step is done.
     ``method``, when given, must be the learner's own: a learner keeps the method it started with.
+    The learner is locked against other writers from the start. ``keep``: keep only the last N steps.
     """
+    _check_keep(keep)
+    with writer_lock(Path(learner_dir), "add-task", enabled=distributed.is_main_process()):
+        return _add_task(Path(learner_dir), folder, test, device, epochs, method, warmup_epochs, keep, on_progress)
+
+
+def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, epochs: int | None,
+              method: str | None, warmup_epochs: float | None, keep: int | None,
+              on_progress: ProgressFn | None) -> StepSummary:
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev)
     preflight.check_writable(learner_dir)
@@ -260,14 +281,15 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     _announce_plan(on_progress, learner.state, [*(learner.state.class_task.count(t) for t in range(learner.state.steps)), len(new)])
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
     step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": spec})
-    save_from_main(learner, learner_dir)
+    save_from_main(learner, learner_dir, keep)
     return step
 
 
-def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto") -> dict:
-    """Accuracy of the learner now (on ``folder`` or the stored test sets) plus its history and summary."""
+def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto", step: int | None = None) -> dict:
+    """Accuracy of the learner now, or at kept step ``step`` (on ``folder`` or the stored test sets),
+    plus its history and summary."""
     dev = resolve_device(device)
-    learner = Learner.load(learner_dir, dev)
+    learner = Learner.load(learner_dir, dev, step)
     state = learner.state
     if folder is not None:
         spec = resolve_spec(str(folder), test=None, image_size=state.image_size, data_root=None, download=False)
@@ -290,8 +312,10 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
 
 
 def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, half: bool = False,
-                opset: int | None = None) -> Any:
-    """Write the learner at ``learner_dir`` as one ONNX file, checked against PyTorch in onnxruntime.
+                opset: int | None = None, step: int | None = None, overwrite: bool = False) -> Any:
+    """Write the learner at ``learner_dir`` (at kept step ``step``) as one ONNX file, checked against
+    PyTorch in onnxruntime. ``out`` is never a directory or inside a learner, and an existing file
+    only with ``overwrite``.
 
     Returns an :class:`sbcli.export.onnx.OnnxReport` (path, size, parity: max abs diff, argmax agreement).
     """
@@ -299,7 +323,8 @@ def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, half: 
     from sbcli.export.onnx import export_onnx as write_onnx
 
     cfg = OnnxConfig(tolerance=tolerance, half=half, opset=opset)  # checks the opset before loading
-    return write_onnx(Learner.load(learner_dir, "cpu"), Path(out), cfg)
+    check_output_file(Path(out), overwrite=overwrite)
+    return write_onnx(Learner.load(learner_dir, "cpu", step), Path(out), cfg)
 
 
 def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half: bool = False,
@@ -310,8 +335,32 @@ def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half
     from sbcli.export.triton import export_triton as write_triton
 
     cfg = OnnxConfig(half=half, opset=opset)
+    learner = enclosing_learner(Path(out).parent)
+    if learner is not None:
+        raise ConfigError(f"-o {out} is inside the learner at {learner}; write the model repository outside it.")
     triton = TritonConfig(name=name or Path(learner_dir).resolve().name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us)
     return write_triton(Learner.load(learner_dir, "cpu"), Path(out), cfg, triton)
+
+
+def rollback(learner_dir: Path, step: int) -> dict:
+    """Make kept step ``step`` of the learner current again; later kept steps stay until the next save.
+
+    Raises:
+        LearnerError: the step is not kept (nothing changes), or another writer holds the learner.
+    """
+    from sbcli.learner import kept_steps
+    from sbcli.store.commit import commit_pointer
+    from sbcli.store.layout import read_stored
+
+    learner_dir = Path(learner_dir)
+    with writer_lock(learner_dir, "rollback"):
+        stored = read_stored(learner_dir)
+        before = stored.current
+        learner = Learner.load(learner_dir, "cpu", step)  # the whole step is read and checked before the switch
+        if step != before:
+            commit_pointer(learner_dir, stored, step)
+    return {"learner": str(learner_dir), "step": step, "previous": before, "classes": learner.state.num_classes,
+            "kept_steps": kept_steps(learner_dir)}
 
 
 def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,

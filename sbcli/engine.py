@@ -7,8 +7,9 @@ device-resident uint8 images, augmentation on the device, the teacher's forward 
 step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autocast wherever the
 device computes in bf16 natively (see :func:`native_bf16`; ``TrainConfig.precision`` overrides it),
 a fused optimiser on CUDA. Losses are summed
-on the device and read once per epoch, so an epoch has no host synchronisation. Measurements:
-docs/performance.md (benchmarks/engine_speed.py).
+on the device and read once per epoch, so an epoch has no host synchronisation (tests/test_gpu.py
+counts them on CUDA). Evaluation runs in full float32, without TF32 on CUDA (:func:`sbcli.device.exact_float32`).
+Measurements: docs/performance.md (benchmarks/engine_speed.py).
 
 Under torchrun (see :mod:`sbcli.distributed`) the student is wrapped in DistributedDataParallel:
 every rank draws the same permutation and trains on its slice of each batch, the epoch's loss is
@@ -32,6 +33,7 @@ from sbcli.device import (
     PRECISIONS,
     compute_threads,
     cudnn_autotune,
+    exact_float32,
     native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
     uses_bf16,
 )
@@ -313,10 +315,11 @@ class Engine:
         # a rank with an empty shard still runs one empty batch, so that it has rows to gather
         starts = list(range(lo, hi, self.cfg.eval_batch_size)) or ([lo] if self.dist.enabled else [])
         outputs = []
-        for start in starts:
-            x = normalize(images[start : min(hi, start + self.cfg.eval_batch_size)].to(self.device), self.norm,
-                          self.channels_last)
-            outputs.append(model.forward_features(x) if features else model(x))
+        with exact_float32(self.device):
+            for start in starts:
+                x = normalize(images[start : min(hi, start + self.cfg.eval_batch_size)].to(self.device), self.norm,
+                              self.channels_last)
+                outputs.append(model.forward_features(x) if features else model(x))
         model.train(was_training)
         if not outputs:
             return torch.zeros(0)

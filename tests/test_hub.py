@@ -86,7 +86,8 @@ def test_every_step_is_a_branch_and_main_is_the_latest(hub: FakeHub, published: 
 
 def test_memory_goes_up_only_when_asked(hub: FakeHub, published: dict) -> None:
     assert len(load_file(str(download("memory.safetensors", "step-1")))["labels"]) == 0
-    local = load_file(str(published["step2"] / "memory.safetensors"))
+    local_files = json.loads((published["step2"] / "learner.json").read_text())["files"]
+    local = load_file(str(published["step2"] / local_files["memory"]))
     pushed = load_file(str(download("memory.safetensors", "step-2")))
     assert len(local["labels"]) == 8 and (pushed["labels"] == local["labels"]).all()
     assert (pushed["images"] == local["images"]).all()
@@ -261,6 +262,7 @@ def relabelled(learner: Path, tmp_path: Path, names: list[str]) -> Path:
     state["class_names"] = names
     state["class_task"] = [i // 2 for i in range(len(names))]
     state["history"] = [state["history"][0]] * ((len(names) + 1) // 2)
+    state["kept_steps"] = {str(len(state["history"])): state["files"]}  # the current step's files
     (copy_dir / "learner.json").write_text(json.dumps(state))
     return copy_dir
 

@@ -42,7 +42,8 @@ def cli(*args) -> str:
 
 
 def test_every_json_command_has_a_schema():
-    assert set(SCHEMAS) == {"train", "add-task", "evaluate", "export", "predict", "pull", "pull-list", "bench"}
+    assert set(SCHEMAS) == {"train", "add-task", "evaluate", "export", "export-triton", "predict", "pull", "pull-list",
+                            "bench", "rollback"}
 
 
 def test_schemas_refuse_what_they_should():
@@ -59,9 +60,17 @@ def test_train_add_task_and_evaluate(grown_run):
 
 def test_predict_and_pull(grown_run, color_data, tmp_path):
     image = color_data["task1_test"] / "red" / "000.png"
-    check("predict", cli("predict", grown_run["learner"], image, "--json", "--device", "cpu"))
+    assert len(check("predict", cli("predict", grown_run["learner"], image, "--json", "--device", "cpu"))["predictions"]) == 1
     check("pull-list", cli("pull", "--list", "--json"))
     check("pull", cli("pull", "demo-sb-tiny", "-o", tmp_path / "pulled", "--json"))
+
+
+def test_rollback(grown_run, tmp_path):
+    import shutil
+
+    learner = tmp_path / "l"
+    shutil.copytree(grown_run["learner"], learner)
+    assert check("rollback", cli("rollback", learner, "2", "--json"))["kept_steps"] == [1, 2, 3]
 
 
 def test_export_to_a_file_and_the_hub(grown_run, fake_hub, tmp_path):
@@ -69,6 +78,9 @@ def test_export_to_a_file_and_the_hub(grown_run, fake_hub, tmp_path):
     out = check("export", cli("export", grown_run["learner"], "-o", tmp_path / "m.onnx", "--to-hub", "tester/schema",
                               "--json", "--quiet"))
     assert set(out) == {"onnx", "hub"}
+    triton = check("export-triton", cli("export", grown_run["learner"], "--format", "triton", "-o", tmp_path / "repo",
+                                        "--json"))
+    assert triton["onnx"]["parity"]["argmax_agreement"] == 1.0
 
 
 def test_bench(color_data, tmp_path):

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import DeviceOpt, EpochsOpt, JsonOpt, LearnerArg, LogOpt, QuietOpt, TestOpt, WarmupOpt
+from sbcli.cli._options import DeviceOpt, EpochsOpt, JsonOpt, KeepOpt, LearnerArg, LogOpt, QuietOpt, TestOpt, WarmupOpt
 
 EPILOG = """Example:
 
@@ -23,6 +23,7 @@ def add_task(
     test: TestOpt = None,
     method: Annotated[Optional[str], typer.Option("--method", help="Check that the learner uses this method (a learner keeps the method it was started with).", show_default=False)] = None,
     epochs: EpochsOpt = None,
+    keep: KeepOpt = None,
     warmup_epochs: WarmupOpt = None,
     device: DeviceOpt = "auto",
     log: LogOpt = None,
@@ -48,7 +49,7 @@ def add_task(
             before = sum(actual_epochs(state.history))
             reporter.open_logs = lambda: loggers.open_logs(log, learner, options, before)
         reporter.note(f"Adding the classes of {folder} to {learner}")
-        step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method,
+        step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method, keep=keep,
                             warmup_epochs=warmup_epochs, on_progress=reporter)
         reporter.step(step)
     if not main:

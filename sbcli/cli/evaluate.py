@@ -8,13 +8,15 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import DeviceOpt, JsonOpt, LearnerArg
+from sbcli.cli._options import DeviceOpt, JsonOpt, LearnerArg, StepOpt
 
 EPILOG = """Examples:
 
   sb evaluate my-learner                  # on the test images of every task it learned
 
   sb evaluate my-learner ./holdout --json # on a class-per-folder directory
+
+  sb evaluate my-learner --step 2         # the learner as it was after step 2 (a kept step)
 
   sb evaluate my-learner --matrix         # also the step x task accuracy matrix
 """
@@ -24,6 +26,7 @@ EPILOG = """Examples:
 def evaluate(
     learner: LearnerArg,
     folder: Annotated[Optional[Path], typer.Argument(help="Class-per-folder test images (default: the learner's own test sets).", show_default=False)] = None,
+    step: StepOpt = None,
     device: DeviceOpt = "auto",
     matrix: Annotated[bool, typer.Option("--matrix", help="Also print the accuracy matrix: after each step (rows), on each task's classes (columns).")] = False,
     json_out: JsonOpt = False,
@@ -32,7 +35,7 @@ def evaluate(
     from sbcli import api
     from sbcli.cli import render
 
-    result = api.evaluate(learner, folder, device=device)
+    result = api.evaluate(learner, folder, device=device, step=step)
     if json_out:
         render.print_json(result)
         return

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import OUT, JsonOpt, LearnerArg, QuietOpt
+from sbcli.cli._options import OUT, JsonOpt, LearnerArg, QuietOpt, StepOpt
 
 FORMATS = ("onnx", "triton")
 HUB = "Hub"
@@ -18,6 +18,7 @@ EPILOG = """Examples:
 
   sb export my-learner --format onnx -o model.onnx
 
+  sb export my-learner --step 2 -o step2.onnx --overwrite       # a kept earlier step
   sb export my-learner --half --opset 21 -o model-fp16.onnx     # fp16 weights and compute
 
   sb export my-learner --format triton -o model_repository      # model_repository/my-learner/{config.pbtxt,labels.txt,1/model.onnx}
@@ -40,11 +41,20 @@ def parity_line(parity: dict) -> str:
             f"argmax agreement {100 * parity['argmax_agreement']:.1f} %")
 
 
+def _check_step(step: int | None, format_: str, to_hub: str | None) -> None:
+    """--step names a kept step for one ONNX file; a push and a Triton repository take the current step."""
+    if step is not None and (to_hub is not None or format_ != "onnx"):
+        raise typer.BadParameter("a push or a Triton repository takes the current step; `sb rollback` to the step "
+                                 "first, or drop --step.", param_hint="--step")
+
+
 @friendly_errors
 def export(
     learner: LearnerArg,
     format_: Annotated[str, typer.Option("--format", "-f", help="Export format: onnx, or triton (a Triton Inference Server model repository).", rich_help_panel=OUT)] = "onnx",
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="ONNX file to write (default: ./LEARNER.onnx; with --to-hub only if given).", rich_help_panel=OUT, show_default=False)] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing -o file.", rich_help_panel=OUT)] = False,
+    step: StepOpt = None,
     to_hub: Annotated[Optional[str], typer.Option("--to-hub", help="Push the learner, its ONNX file and a model card to OWNER/NAME (main and branch step-N).", rich_help_panel=HUB, show_default=False)] = None,
     with_memory: Annotated[bool, typer.Option("--with-memory", help="Also push the exemplar memory (it holds training images).", rich_help_panel=HUB)] = False,
     private: Annotated[bool, typer.Option("--private", help="Create the Hub repository as private.", rich_help_panel=HUB)] = False,
@@ -60,17 +70,19 @@ def export(
 
     if format_ not in FORMATS:
         raise typer.BadParameter(f"'{format_}' is not a format; choose one of: {', '.join(FORMATS)}.", param_hint="--format")
+    _check_step(step, format_, to_hub)
     result: dict = {}
     if format_ == "triton":
         if to_hub is not None:
             raise typer.BadParameter("--format triton writes a local model repository; push with --format onnx.", param_hint="--to-hub")
-        _triton(learner, out, half, opset, json_out)
+        _triton(learner, out, half, opset, json_out, quiet)
         return
     with progress.reporter(quiet) as reporter:
         if to_hub is None or out is not None:
             path = out or Path(f"{learner.resolve().name}.onnx")
             with reporter.status(f"Exporting {learner} to {path} and checking it against PyTorch in onnxruntime"):
-                result["onnx"] = api.export_onnx(learner, path, half=half, opset=opset).to_json()
+                result["onnx"] = api.export_onnx(learner, path, half=half, opset=opset, step=step,
+                                                   overwrite=overwrite).to_json()
         if to_hub is not None:
             memory = " with its exemplar memory" if with_memory else ""
             with reporter.status(f"Pushing {learner} to {to_hub}{memory} (ONNX export and parity check first)"):
@@ -94,14 +106,14 @@ def export(
             render.OUT.print("main was left as it is: it holds a later step of this sequence.")
 
 
-def _triton(learner: Path, out: Optional[Path], half: bool, opset: Optional[int], json_out: bool) -> None:
+def _triton(learner: Path, out: Optional[Path], half: bool, opset: Optional[int], json_out: bool, quiet: bool) -> None:
     """`--format triton`: a model repository at OUT (default ./model_repository)."""
     from sbcli import api
-    from sbcli.cli import render
+    from sbcli.cli import progress, render
 
     repo = out or Path("model_repository")
-    render.ERR.print(f"Exporting {learner} to the Triton model repository {repo}", highlight=False)
-    report = api.export_triton(learner, repo, half=half, opset=opset).to_json()
+    with progress.reporter(quiet) as reporter, reporter.status(f"Exporting {learner} to the Triton model repository {repo}"):
+        report = api.export_triton(learner, repo, half=half, opset=opset).to_json()
     if json_out:
         render.print_json(report)
         return

@@ -10,7 +10,7 @@ from sbcli.config import build_options, merge  # noqa: F401  (their old home; th
 
 
 def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool, quiet: bool = False,
-                 log: list[str] | None = None) -> None:
+                 log: list[str] | None = None, keep: int | None = None) -> None:
     import dataclasses
 
     from sbcli import api, distributed, loggers
@@ -25,7 +25,7 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
             options = {"sequence": dataclasses.asdict(seq), "run": dataclasses.asdict(run)}
             reporter.open_logs = lambda: loggers.open_logs(log, out, options)
         reporter.note(f"Training {run.method} on {seq.source or 'demo'} → {out}")
-        learner = api.train(seq, run, out, resume=resume, on_progress=reporter, on_step=reporter.step)
+        learner = api.train(seq, run, out, resume=resume, keep=keep, on_progress=reporter, on_step=reporter.step)
     if not main:
         return
     history = learner.state.history

@@ -14,6 +14,7 @@ from sbcli.cli._options import (
     OUT,
     FirstTaskRulesOpt,
     JsonOpt,
+    KeepOpt,
     LogOpt,
     PretrainedHashOpt,
     PretrainedOpt,
@@ -45,6 +46,7 @@ def train(
     test: TestOpt = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Learner directory to write (default: a new runs/SOURCE, runs/SOURCE-2, ...).", rich_help_panel=OUT, show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sequence in --out from its last completed step.", rich_help_panel=OUT)] = False,
+    keep: KeepOpt = None,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Training resolution for folders (default 32).", rich_help_panel=DATA, show_default=False)] = None,
     tasks: Annotated[Optional[int], typer.Option("--tasks", help="Number of equal-size tasks.", rich_help_panel=DATA, show_default=False)] = None,
     base: Annotated[Optional[int], typer.Option("--base", help="Classes of the first task (then --increment per task).", rich_help_panel=DATA, show_default=False)] = None,
@@ -75,7 +77,7 @@ def train(
     from sbcli.config import build_options
     from sbcli.rundirs import output_dir
 
-    given = {k: v for k, v in locals().items() if k not in ("json_out", "run_options", "log", "quiet")}
+    given = {k: v for k, v in locals().items() if k not in ("json_out", "run_options", "log", "quiet", "keep")}
     seq, run, out_dir = build_options({**given, **run_options})
     out_dir = output_dir(out_dir, resume, seq.source, recipe)  # no --out: a new runs/NAME folder
-    run_training(seq, run, out_dir, resume=resume, json_out=json_out, quiet=quiet, log=log or [])
+    run_training(seq, run, out_dir, resume=resume, json_out=json_out, quiet=quiet, log=log or [], keep=keep)

@@ -201,9 +201,9 @@ def stage(learner_dir: Path, work: Path, repo_id: str, with_memory: bool, onnx_c
     if not with_memory:
         learner.memory = ExemplarMemory(**learner.state.memory)
     folder = work / "upload"
-    learner.save(folder)
+    learner.publish(folder)
     shutil.move(work / ONNX_FILE, folder / ONNX_FILE)
-    files = sorted([*(p.name for p in folder.iterdir()), CARD_FILE])
+    files = sorted([*(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()), CARD_FILE])
     card = model_card(learner.state, repo_id, inference_rule(learner), len(learner.memory), files)
     (folder / CARD_FILE).write_text(card, encoding="utf-8")
     return folder, files, report
