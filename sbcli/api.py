@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 
 from sbcli import __version__, distributed, preflight
 from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
@@ -210,12 +209,8 @@ def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None
     memory.images, memory.labels, learner.extra = distributed.broadcast_objects(
         [memory.images, memory.labels, learner.extra], group)
     if group.is_main:
-        try:
+        with preflight.save_errors(out):
             learner.save(out, keep)
-        except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
-            reason = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.strerror else str(err)
-            raise LearnerError(f"Could not save the learner to {out} ({reason}); what was saved there before is "
-                               "unchanged: free some space or fix the permissions and run the command again.") from err
         write_results(learner.state, out)
     distributed.barrier(group)
 
