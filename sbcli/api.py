@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
-from sbcli import __version__, distributed
+from sbcli import __version__, distributed, evalsets, growing
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.imageset import ImageSet
+from sbcli.data.records import remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.engine import Engine, ProgressEvent, TrainConfig
 from sbcli.errors import ConfigError, DataError, DeviceError, LearnerError
@@ -61,6 +62,7 @@ class SequenceOptions:
     order_seed: int | None = 0
     class_order: list[int] | None = None
     classes: int | None = None  # keep only the first N classes of the class order (a smaller benchmark)
+    test_sample: bool = True  # carry a capped sample of the test images in the learner (False: private data)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -177,13 +179,15 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
     opened = open_spec(spec)
+    record = remember_source(spec, opened.train, opened.test)
     names = opened.train.class_names
     scenario = sequence_scenario(seq, len(names))
     opened = resize_opened(_only_classes(opened, scenario.order), spec)
-    plan = {"source": spec, "scenario": scenario.to_json()}
+    plan = {"source": record, "scenario": scenario.to_json()}
     if resume:
         learner = Learner.load(out, device)
-        if learner.state.plan != plan:
+        stored = learner.state.plan or {}
+        if stored.get("scenario") != plan["scenario"] or not same_source(stored.get("source", {}), record):
             raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
     else:
         norm = opened.norm or compute_normalization(opened.train.images)
@@ -196,22 +200,24 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
         torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
         new = [names[c] for c in scenario.tasks[step]]
         seen = ordered[: sum(scenario.sizes[: step + 1])]
-        summary_ = _learn(learner, opened, new, seen, ordered, spec, device, run.seed, on_progress)
+        summary_ = _learn(learner, opened, new, seen, ordered, record, device, run.seed, on_progress, seq.test_sample)
         save_from_main(learner, out)
         if on_step and distributed.is_main_process():
             on_step(summary_)
     return learner
 
 
-def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], ordered: list[str], spec: dict,
-           device: torch.device, seed: int, on_progress: ProgressFn | None) -> StepSummary:
+def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], ordered: list[str], source: dict,
+           device: torch.device, seed: int, on_progress: ProgressFn | None, carry_sample: bool) -> StepSummary:
     train_set = relabel(opened.train, ordered, new)
     test_set = relabel(opened.test, ordered, seen) if opened.test is not None else _empty(opened.train)
     cfg = TrainConfig(**_tuples(learner.state.train_config))
     engine = Engine(cfg, device, learner.norm, seed * 1000 + learner.state.steps, on_progress)
-    record = {"classes": new, "source": spec}
-    return learn_step(learner, train_set, test_set, new, engine, record,
+    record = {"classes": new, "source": source}
+    step = learn_step(learner, train_set, test_set, new, engine, record,
                       seen_train=lambda: relabel(opened.train, ordered, seen))
+    evalsets.carry(learner, test_set, [ordered.index(n) for n in new], carry_sample)
+    return step
 
 
 def _tuples(cfg: dict) -> dict:
@@ -237,31 +243,46 @@ def _empty(like: ImageSet) -> ImageSet:
     return ImageSet(like.images[:0], like.labels[:0], like.class_names)
 
 
+def test_data(learner: Learner, data_roots: list[Path] | None = None) -> evalsets.EvalData:
+    """The test images of every class the learner knows: each task's original test set when it is
+    here and unchanged, else the carried test sample (see :mod:`sbcli.evalsets`)."""
+    return evalsets.choose(learner.state, learner.test_sample, data_roots)
+
+
 def load_test_sets(learner: Learner) -> ImageSet:
-    """The test images of every class the learner knows, reloaded from each task's source."""
-    parts: list[ImageSet] = []
-    for task in learner.state.tasks:
-        opened = open_sized(task["source"], train=False, test=True)
-        if opened.test is not None:
-            parts.append(relabel(opened.test, learner.state.class_names, task["classes"]))
-    if not parts:
-        raise DataError("The learner has no test images to evaluate on; give a test folder.")
-    return ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), learner.state.class_names)
+    """The test images :func:`test_data` chooses, without the report of where they came from."""
+    return test_data(learner).test
+
+
+@dataclass(frozen=True)
+class AddTaskOptions:
+    """What `sb add-task` may change about how a step is learned and recorded."""
+
+    epochs: int | None = None
+    method: str | None = None
+    data_roots: list[Path] = field(default_factory=list)  # where moved test sets of earlier tasks now are
+    test_sample: bool = True  # carry a sample of the new classes' test images
+    no_rehearsal: bool = False  # grow without exemplars of the old classes (a learner pulled without memory)
 
 
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
-             epochs: int | None = None, method: str | None = None,
+             epochs: int | None = None, method: str | None = None, options: AddTaskOptions | None = None,
              on_progress: ProgressFn | None = None) -> StepSummary:
     """Learn the classes of ``folder`` (class-per-folder) as a new task of the learner at ``learner_dir``.
 
     Everything is checked before training; the learner on disk changes only when the step is done.
     ``method``, when given, must be the learner's own: a learner keeps the method it started with.
+    The returned summary's ``notes`` say which test images measured the old classes and what
+    became of a card or ONNX file that described the previous step.
     """
+    opts = options or AddTaskOptions(epochs=epochs, method=method)
+    opts = dataclasses.replace(opts, epochs=opts.epochs if epochs is None else epochs, method=opts.method or method)
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev)
-    if method is not None and method != learner.state.method:
-        raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {method}; "
-                          f"drop --method or start a new learner with `sb train --method {method}`.")
+    if opts.method is not None and opts.method != learner.state.method:
+        raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {opts.method}; "
+                          f"drop --method or start a new learner with `sb train --method {opts.method}`.")
+    growing.check_rehearsal(learner, learner_dir, opts.no_rehearsal)
     spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=learner.state.image_size,
                         data_root=None, download=False)
     if spec["kind"] != "folder":
@@ -271,22 +292,31 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     clash = sorted(set(new) & set(learner.state.class_names))
     if clash:
         raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
-    if epochs is not None:
-        learner.state.train_config["epochs"] = epochs
-    old_test = load_test_sets(learner) if learner.state.tasks else None
+    old = test_data(learner, opts.data_roots) if learner.state.tasks else None
+    record = remember_source(spec, opened.train, opened.test)
+    if opts.epochs is not None:
+        learner.state.train_config["epochs"] = opts.epochs
     names = learner.state.class_names + new
+    num_old = len(learner.state.class_names)
     train_set = relabel(opened.train, names, new)
-    parts = [p for p in (old_test, relabel(opened.test, names, new) if opened.test else None) if p is not None]
+    new_test = relabel(opened.test, names, new) if opened.test else _empty(train_set)
+    parts = [p for p in (old.test if old else None, new_test) if p is not None and len(p)]
     test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else _empty(train_set)
+    published = growing.published_files(learner_dir)
     cfg = TrainConfig(**_tuples(learner.state.train_config))
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
-    step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": spec})
+    step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": record})
+    evalsets.carry(learner, new_test, list(range(num_old, len(names))), opts.test_sample)
     save_from_main(learner, learner_dir)
-    return step
+    notes = ([old.describe()] if old else []) + growing.published_notes(learner_dir, published, learner.state.steps)
+    return dataclasses.replace(step, notes=notes)
 
 
-def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto") -> dict:
-    """Accuracy of the learner now (on ``folder`` or the stored test sets) plus its history and summary."""
+def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto",
+             data_roots: list[Path] | None = None) -> dict:
+    """Accuracy of the learner now (on ``folder``, else on each task's original test set when it is
+    here and unchanged, else on the carried test sample) plus its history, summary and ``test_data``
+    (which images were used, per task)."""
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev)
     state = learner.state
@@ -297,14 +327,19 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
         if unknown:
             raise DataError(f"{folder} has classes the learner does not know ({', '.join(unknown)}); remove those folders.")
         test = relabel(images, state.class_names, images.class_names)
+        used = {"used": "folder", "tasks": [], "folder": str(folder)}
     else:
-        test = load_test_sets(learner)
+        chosen = test_data(learner, data_roots)
+        if len(chosen.test) == 0:
+            raise DataError(f"The learner at {learner_dir} has no test images to evaluate on (none of its test sets is "
+                            "here and it carries no test sample); give a class-per-folder test directory.")
+        test, used = chosen.test, chosen.to_json()
     engine = Engine(TrainConfig(**_tuples(state.train_config)), dev, learner.norm, state.seed)
     metrics = evaluate_learner(learner, engine, test)
     overall = [h["metrics"]["overall"] for h in state.history]
     rows = [h["metrics"]["per_task"] for h in state.history]
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
-            "test_images": len(test), "metrics": metrics.to_json(), "history": state.history,
+            "test_images": len(test), "test_data": used, "metrics": metrics.to_json(), "history": state.history,
             "summary": summary(overall, rows)}
 
 
@@ -323,13 +358,16 @@ def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4) -> Any
 
 
 def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,
-         token: str | None = None, endpoint: str | None = None) -> Any:
-    """Push the learner, its ONNX file and a model card to ``repo_id`` (``main`` and branch ``step-N``)."""
+         token: str | None = None, endpoint: str | None = None, license: str = "unknown") -> Any:
+    """Push the learner, its ONNX file and a model card to ``repo_id`` (``main`` and branch ``step-N``).
+
+    Without ``with_memory`` the exemplar memory stays home and the card says so; ``license`` is the
+    card's license id."""
     from sbcli.export.hub import HubConfig
     from sbcli.export.hub import push as push_learner
 
     return push_learner(Path(learner_dir), repo_id, with_memory=with_memory, private=private,
-                        cfg=HubConfig(endpoint=endpoint, token=token))
+                        cfg=HubConfig(endpoint=endpoint, token=token), license=license)
 
 
 def pull(ref: str, out: Path | None = None, *, index: Path | None = None, offline: bool = False,

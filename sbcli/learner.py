@@ -23,6 +23,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from sbcli.data import carried_sample
+from sbcli.data.carried_sample import CarriedSample
 from sbcli.data.device import Normalization
 from sbcli.errors import LearnerError
 from sbcli.memory import ExemplarMemory
@@ -53,6 +55,7 @@ class LearnerState:
     history: list[dict] = field(default_factory=list)  # per step: metrics, phases, records
     plan: dict | None = None  # a whole sequence: source and scenario, for --resume
     provenance: dict = field(default_factory=dict)
+    test_sample: dict = field(default_factory=dict)  # the carried test sample: cap, images per class, declined tasks
     format_version: int = FORMAT_VERSION
 
     @property
@@ -72,6 +75,7 @@ class Learner:
     model: IncrementalResNet
     memory: ExemplarMemory
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    test_sample: CarriedSample | None = None
 
     @property
     def norm(self) -> Normalization:
@@ -95,6 +99,8 @@ class Learner:
         save_file(tensors, str(folder / "model.safetensors"))
         images, labels = self.memory.tensors()
         save_file({"images": images.contiguous(), "labels": labels.contiguous()}, str(folder / "memory.safetensors"))
+        if self.test_sample is not None:
+            save_file(self.test_sample.tensors(), str(folder / carried_sample.FILE))
         text = json.dumps(asdict(self.state), indent=2, allow_nan=True)
         (folder / "learner.json").write_text(text + "\n", encoding="utf-8")
 
@@ -113,7 +119,7 @@ class Learner:
             raise LearnerError(f"{path}/model.safetensors does not match learner.json ({err.args[0].splitlines()[0]}); "
                                "the learner is corrupt, restore it from a copy.") from err
         memory = _load_memory(path, state)
-        return cls(state, model.to(device), memory, extra)
+        return cls(state, model.to(device), memory, extra, _load_sample(path, state))
 
 
 def read_state(path: Path) -> LearnerState:
@@ -143,6 +149,16 @@ def _load_memory(path: Path, state: LearnerState) -> ExemplarMemory:
     if len(tensors["labels"]):
         memory.images, memory.labels = tensors["images"], tensors["labels"].long()
     return memory
+
+
+def _load_sample(path: Path, state: LearnerState) -> CarriedSample | None:
+    if not state.test_sample:
+        return None
+    file = path / carried_sample.FILE
+    if not file.is_file():
+        raise LearnerError(f"The learner at {path} is missing {carried_sample.FILE}, which learner.json records; "
+                           "restore the directory from a copy.")
+    return carried_sample.check(load_file(str(file)), state.test_sample, state.num_classes, state.image_size, file)
 
 
 def _swap_in(new: Path, target: Path) -> None:

@@ -29,7 +29,9 @@ def test_save_load_round_trip(learner_dir, tmp_path):
         assert torch.equal(value, again.model.state_dict()[key]), key
     assert torch.equal(again.memory.images, learner.memory.images)
     assert torch.equal(again.memory.labels, learner.memory.labels)
-    assert sorted(p.name for p in copy.iterdir()) == ["learner.json", "memory.safetensors", "model.safetensors"]
+    assert sorted(p.name for p in copy.iterdir()) == ["learner.json", "memory.safetensors", "model.safetensors",
+                                                   "test-sample.safetensors"]
+    assert torch.equal(again.test_sample.images, learner.test_sample.images)
 
 
 def test_learner_json_records_what_the_design_asks(learner_dir):

@@ -29,3 +29,7 @@ SelectionOpt = Annotated[Optional[str], typer.Option("--selection", help="Exempl
 ClassesOpt = Annotated[Optional[int], typer.Option("--classes", help="Keep only the first N classes of the class order (a smaller benchmark).", rich_help_panel=DATA, show_default=False)]
 CompileOpt = Annotated[bool, typer.Option("--compile", help="torch.compile the student and teacher once per phase (minutes to compile; for long GPU runs: no gain measured on CPU).", rich_help_panel=OPT)]
 PrecisionOpt = Annotated[str, typer.Option("--precision", help="auto (bf16 autocast where the device computes in bf16 natively: recent GPUs, CPUs with AVX-512 BF16 or AMX; float32 elsewhere), bf16 or fp32.", rich_help_panel=OPT)]
+
+# Options about what a learner carries and where its test sets are (`sb train`, `sb add-task`, `sb evaluate`).
+NoTestSampleOpt = Annotated[bool, typer.Option("--no-test-sample", help="Keep this data's test images out of the learner (private data); by default it carries up to 100 per class so that `sb evaluate` works anywhere.", rich_help_panel=DATA)]
+TestRootsOpt = Annotated[Optional[list[Path]], typer.Option("--data-root", help="Where the learner's original test folders are now (repeatable); each is used when its fingerprint is the recorded one.", rich_help_panel=DATA, show_default=False)]

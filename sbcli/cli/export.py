@@ -42,6 +42,7 @@ def export(
     with_memory: Annotated[bool, typer.Option("--with-memory", help="Also push the exemplar memory (it holds training images).", rich_help_panel=HUB)] = False,
     private: Annotated[bool, typer.Option("--private", help="Create the Hub repository as private.", rich_help_panel=HUB)] = False,
     token: TokenOpt = None,
+    license_: Annotated[str, typer.Option("--license", help="License id for the model card (a Hub license id, e.g. apache-2.0, mit, cc-by-4.0).", rich_help_panel=HUB)] = "unknown",
     json_out: JsonOpt = False,
 ) -> None:
     """Export a learner: an ONNX classifier checked against PyTorch, or a push to the Hub."""
@@ -57,7 +58,8 @@ def export(
         result["onnx"] = api.export_onnx(learner, path).to_json()
     if to_hub is not None:
         render.ERR.print(f"Pushing {learner} to {to_hub}" + (" with its exemplar memory" if with_memory else ""), highlight=False)
-        result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token).to_json()
+        result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token,
+                                 license=license_).to_json()
     if json_out:
         render.print_json(result)
         return

@@ -60,7 +60,7 @@ def build_options(given: dict, defaults: dict):
                           download=o.get("download", False), image_size=o.get("image_size"),
                           tasks=None if o.get("base") else o.get("tasks"), base=o.get("base"),
                           increment=o.get("increment"), order_seed=order_seed, class_order=o.get("class_order"),
-                          classes=o.get("classes"))
+                          classes=o.get("classes"), test_sample=not o.get("no_test_sample", False))
     train = TrainConfig(epochs=o["epochs"], batch_size=o["batch_size"], lr=o["lr"], compile=o.get("compile", False),
                         precision=o.get("precision", "auto"))
     run = RunOptions(method=o["method"], method_options=method_options, arch=o["arch"], width=o["width"], train=train,
