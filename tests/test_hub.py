@@ -302,3 +302,6 @@ def test_cli_export_to_hub_then_pull(fake_hub: FakeHub, published: dict, tmp_pat
     assert res.exit_code == 0, res.output
     assert res.stdout.strip() == str(tmp_path / "pulled")
     assert f"sb add-task {tmp_path / 'pulled'}" in res.stderr and (tmp_path / "pulled" / "model.onnx").is_file()
+    said = " ".join(res.stderr.split())
+    assert "carries no exemplar memory (it was pushed without --with-memory)" in said and "--no-rehearsal" in said
+    assert "it carries 16 held-out test images" in said
