@@ -208,3 +208,15 @@ def test_the_card_snippet_classifies_an_image_file(trained: dict[str, Path], tmp
     code = snippet.replace('"model.onnx"', repr(str(onnx_path))).replace('"photo.jpg"', repr(str(image)))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == api.predict(onnx_path, [image], top_k=1, device="cpu")[0].labels[0]
+
+
+def test_record_checks_refuse_paths_and_bad_fingerprints(trained: dict[str, Path]) -> None:
+    from sbcli.data.records import record_problem
+
+    record = json.loads((trained["learner"] / "learner.json").read_text())["tasks"][0]["source"]
+    assert record_problem(record) is None
+    assert "not a path" in record_problem({**record, "name": "/home/alice/photos"})
+    assert "name" in record_problem({**record, "test": {**record["test"], "name": ".."}})
+    assert ".counts" in record_problem({**record, "train": {**record["train"], "counts": [1]}})
+    assert ".sha256" in record_problem({**record, "test": {**record["test"], "sha256": "x" * 64}})
+    assert "not a known field" in record_problem({**record, "path": "/data"})

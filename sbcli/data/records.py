@@ -97,3 +97,48 @@ def remember_source(spec: dict, train: ImageSet | None, test: ImageSet | None) -
     if test is not None and where:
         whereabouts.remember(record["test"]["sha256"], Path(where))
     return record
+
+
+def _plain_name(name: object) -> bool:
+    """A folder's own name: no separator, not '.' or '..', not empty."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def _fingerprint_problem(v: object, max_classes: int) -> str | None:
+    if not isinstance(v, dict):
+        return "must be an object with classes, counts and sha256"
+    classes, counts, sha = v.get("classes"), v.get("counts"), v.get("sha256")
+    if not isinstance(classes, list) or not all(isinstance(c, str) and len(c) <= 1000 for c in classes):
+        return ".classes must be a list of class names"
+    if len(classes) > max_classes:
+        return f".classes has {len(classes)} names, more than {max_classes}"
+    if not isinstance(counts, list) or len(counts) != len(classes) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**40 for c in counts):
+        return ".counts must hold one image count per class"
+    if not isinstance(sha, str) or len(sha) != 64 or any(ch not in "0123456789abcdef" for ch in sha):
+        return ".sha256 must be 64 lower-case hex digits"
+    return None
+
+
+def record_problem(v: object, max_classes: int = 100_000) -> str | None:
+    """What is wrong with the JSON of a record (not a format-1 spec), or None; for load-time checks."""
+    if not isinstance(v, dict):
+        return " must be an object"
+    allowed = {"kind", "name", "image_size", "train", "test"}
+    unknown = sorted(set(v) - allowed)
+    if unknown:
+        return f".{unknown[0]} is not a known field of a data source record"
+    if not isinstance(v.get("kind"), str) or not _plain_name(v.get("name")):
+        return " must have a kind and a name (a folder or benchmark name, not a path)"
+    size = v.get("image_size", 32)
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 4096:
+        return ".image_size must be a whole number of pixels"
+    if "train" in v and (problem := _fingerprint_problem(v["train"], max_classes)):
+        return ".train" + problem
+    test = v.get("test")
+    if test is not None:
+        if not isinstance(test, dict) or not _plain_name(test.get("name")):
+            return ".test must be an object with the test set's name"
+        if "sha256" in test and (problem := _fingerprint_problem(test, max_classes)):
+            return ".test" + problem
+    return None
