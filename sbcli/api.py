@@ -27,6 +27,9 @@ from sbcli.methods import build_config
 from sbcli.metrics import summary
 from sbcli.nets import create_model, list_models
 from sbcli.steps import StepSummary, evaluate_learner, learn_step
+from sbcli.store import legacy
+from sbcli.store.lock import writer_lock
+from sbcli.store.outputs import check_output_dir, check_output_file
 
 ProgressFn = Callable[[ProgressEvent], None]
 StepFn = Callable[[StepSummary], None]
@@ -161,21 +164,34 @@ def _resized(images: ImageSet | None, size: int, chunk: int = 2048) -> ImageSet 
 
 
 def _check_out(out: Path, resume: bool) -> None:
+    legacy.recover(out)
+    check_output_dir(out, option="--out", resume=resume)
     if resume and not (out / "learner.json").is_file():
         raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
-    if not resume and out.exists() and any(out.iterdir()):
-        raise LearnerError(f"{out} already exists; pass --resume to continue it or choose another --out.")
 
 
-def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = False,
+def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = False, keep: int | None = None,
           on_progress: ProgressFn | None = None, on_step: StepFn | None = None) -> Learner:
     """Learn a whole task sequence, saving the learner to ``out`` after every step.
 
-    With ``resume``, continue the sequence stored at ``out`` from its last completed step.
+    With ``resume``, continue the sequence stored at ``out`` from its last completed step. ``keep``:
+    keep only the last N steps' files (default: every step). ``out`` is locked for the whole run.
     """
     out = Path(out)
     device = _check_run(run)
+    _check_keep(keep)
     _check_out(out, resume)
+    with writer_lock(out, "train", create=True, enabled=distributed.is_main_process()):
+        return _train(seq, run, out, device, resume, keep, on_progress, on_step)
+
+
+def _check_keep(keep: int | None) -> None:
+    if keep is not None and keep < 1:
+        raise ConfigError(f"--keep {keep} keeps no step; give 1 or more (1 keeps only the current step).")
+
+
+def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.device, resume: bool, keep: int | None,
+           on_progress: ProgressFn | None, on_step: StepFn | None) -> Learner:
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
     opened = open_spec(spec)
@@ -201,7 +217,7 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
         new = [names[c] for c in scenario.tasks[step]]
         seen = ordered[: sum(scenario.sizes[: step + 1])]
         summary_ = _learn(learner, opened, new, seen, ordered, record, device, run.seed, on_progress, seq.test_sample)
-        save_from_main(learner, out)
+        save_from_main(learner, out, keep)
         if on_step and distributed.is_main_process():
             on_step(summary_)
     return learner
@@ -224,7 +240,7 @@ def _tuples(cfg: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
 
 
-def save_from_main(learner: Learner, out: Path) -> None:
+def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None:
     """Save the learner from rank 0 alone (any process when there is one).
 
     With several processes, every rank first takes rank 0's exemplars and method state, so that
@@ -235,7 +251,7 @@ def save_from_main(learner: Learner, out: Path) -> None:
     memory.images, memory.labels, learner.extra = distributed.broadcast_objects(
         [memory.images, memory.labels, learner.extra], group)
     if group.is_main:
-        learner.save(out)
+        learner.save(out, keep)
     distributed.barrier(group)
 
 
@@ -266,17 +282,26 @@ class AddTaskOptions:
 
 
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
-             epochs: int | None = None, method: str | None = None, options: AddTaskOptions | None = None,
+             epochs: int | None = None, method: str | None = None, keep: int | None = None,
+             options: AddTaskOptions | None = None,
              on_progress: ProgressFn | None = None) -> StepSummary:
     """Learn the classes of ``folder`` (class-per-folder) as a new task of the learner at ``learner_dir``.
 
     Everything is checked before training; the learner on disk changes only when the step is done.
     ``method``, when given, must be the learner's own: a learner keeps the method it started with.
+    The learner is locked against other writers from the start. ``keep``: keep only the last N steps.
     The returned summary's ``notes`` say which test images measured the old classes and what
     became of a card or ONNX file that described the previous step.
     """
+    _check_keep(keep)
     opts = options or AddTaskOptions(epochs=epochs, method=method)
     opts = dataclasses.replace(opts, epochs=opts.epochs if epochs is None else epochs, method=opts.method or method)
+    with writer_lock(Path(learner_dir), "add-task", enabled=distributed.is_main_process()):
+        return _add_task(Path(learner_dir), folder, test, device, opts, keep, on_progress)
+
+
+def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, opts: AddTaskOptions,
+              keep: int | None, on_progress: ProgressFn | None) -> StepSummary:
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev)
     if opts.method is not None and opts.method != learner.state.method:
@@ -307,18 +332,18 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
     step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": record})
     evalsets.carry(learner, new_test, list(range(num_old, len(names))), opts.test_sample)
-    save_from_main(learner, learner_dir)
+    save_from_main(learner, learner_dir, keep)
     notes = ([old.describe()] if old else []) + growing.published_notes(learner_dir, published, learner.state.steps)
     return dataclasses.replace(step, notes=notes)
 
 
-def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto",
+def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto", step: int | None = None,
              data_roots: list[Path] | None = None) -> dict:
-    """Accuracy of the learner now (on ``folder``, else on each task's original test set when it is
-    here and unchanged, else on the carried test sample) plus its history, summary and ``test_data``
-    (which images were used, per task)."""
+    """Accuracy of the learner now, or at kept step ``step`` (on ``folder``, else on each task's
+    original test set when it is here and unchanged, else on the carried test sample) plus its
+    history, summary and ``test_data`` (which images were used, per task)."""
     dev = resolve_device(device)
-    learner = Learner.load(learner_dir, dev)
+    learner = Learner.load(learner_dir, dev, step)
     state = learner.state
     if folder is not None:
         spec = resolve_spec(str(folder), test=None, image_size=state.image_size, data_root=None, download=False)
@@ -346,15 +371,40 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
 # -- ways out: ONNX, the Hub, the zoo, serving (sbcli.export; optional extras loaded on use) --
 
 
-def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4) -> Any:
-    """Write the learner at ``learner_dir`` as one ONNX file, checked against PyTorch in onnxruntime.
+def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, step: int | None = None,
+                overwrite: bool = False) -> Any:
+    """Write the learner at ``learner_dir`` (at kept step ``step``) as one ONNX file, checked against
+    PyTorch in onnxruntime. ``out`` is never a directory or inside a learner, and an existing file
+    only with ``overwrite``.
 
     Returns an :class:`sbcli.export.onnx.OnnxReport` (path, size, parity: max abs diff, argmax agreement).
     """
     from sbcli.export.onnx import OnnxConfig
     from sbcli.export.onnx import export_onnx as write_onnx
 
-    return write_onnx(Learner.load(learner_dir, "cpu"), Path(out), OnnxConfig(tolerance=tolerance))
+    check_output_file(Path(out), overwrite=overwrite)
+    return write_onnx(Learner.load(learner_dir, "cpu", step), Path(out), OnnxConfig(tolerance=tolerance))
+
+
+def rollback(learner_dir: Path, step: int) -> dict:
+    """Make kept step ``step`` of the learner current again; later kept steps stay until the next save.
+
+    Raises:
+        LearnerError: the step is not kept (nothing changes), or another writer holds the learner.
+    """
+    from sbcli.learner import kept_steps
+    from sbcli.store.commit import commit_pointer
+    from sbcli.store.layout import read_stored
+
+    learner_dir = Path(learner_dir)
+    with writer_lock(learner_dir, "rollback"):
+        stored = read_stored(learner_dir)
+        before = stored.current
+        learner = Learner.load(learner_dir, "cpu", step)  # the whole step is read and checked before the switch
+        if step != before:
+            commit_pointer(learner_dir, stored, step)
+    return {"learner": str(learner_dir), "step": step, "previous": before, "classes": learner.state.num_classes,
+            "kept_steps": kept_steps(learner_dir)}
 
 
 def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,

@@ -43,7 +43,7 @@ def published_notes(learner_dir: Path, before: list[str], step: int) -> list[str
     notes = []
     for name in before:
         fate = "is now stale (it still describes" if (Path(learner_dir) / name).is_file() else "was removed (it described"
-        redo = (f"sb export {learner_dir} --to-hub REPO" if name == "README.md"
-                else f"sb export {learner_dir} --format onnx -o {learner_dir}/model.onnx")
-        notes.append(f"{name} {fate} step {step - 1}); write it for step {step} with: {redo}")
+        redo = (f"`sb export {learner_dir} --to-hub REPO` pushes the card of step {step}" if name == "README.md"
+                else f"`sb export {learner_dir} --format onnx -o model.onnx` writes step {step} outside the learner")
+        notes.append(f"{name} in {learner_dir} {fate} step {step - 1}); {redo}.")
     return notes

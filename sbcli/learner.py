@@ -2,26 +2,25 @@
 
 | file | holds |
 |---|---|
-| ``learner.json`` | format version, network, input size, normalisation, classes and their tasks, method and hyperparameters, partition, history, provenance |
-| ``model.safetensors`` | network weights (head sized to the classes seen) plus method state (e.g. NME class means) |
-| ``memory.safetensors`` | exemplar images (uint8, training resolution) and their labels |
+| ``learner.json`` | the commit point: format version, network, input size, normalisation, classes and their tasks, method and hyperparameters, partition, history, provenance, and the files of every kept step |
+| ``steps/NNNN/model.safetensors`` | network weights after step NNNN (head sized to the classes seen) plus method state (e.g. NME class means) |
+| ``steps/NNNN/memory.safetensors`` | exemplar images (uint8, training resolution) and their labels |
+| ``steps/NNNN/test-sample.safetensors`` | the carried test sample: held-out test images of every class (``sbcli.data.carried_sample``) |
+| ``steps/NNNN/state.json`` | the state at that step (for ``--step N`` and ``sb rollback``) |
 
-Saves are atomic: the new directory is written beside the old one and swapped in, so a crash
-leaves the previous learner intact.
+Saves go through :mod:`sbcli.store.commit` (new files under new names, fsync, one rename of
+``learner.json``), so a crash leaves the previous learner or the new one, never a mix; loads read
+``learner.json`` once and then only the immutable files it names. Format 1 (files at the root) is
+still read.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save as safetensors_bytes
 
 from sbcli.data import carried_sample
 from sbcli.data.carried_sample import CarriedSample
@@ -30,11 +29,12 @@ from sbcli.errors import LearnerError
 from sbcli.memory import ExemplarMemory
 from sbcli.nets import create_model
 from sbcli.nets.resnet import IncrementalResNet
+from sbcli.store import legacy
+from sbcli.store import validate_shim as validate
+from sbcli.store.commit import commit_step, write_flat
+from sbcli.store.layout import FORMAT_VERSION, Stored, read_stored
 
-FORMAT_VERSION = 1
-FILES = ("learner.json", "model.safetensors", "memory.safetensors")
 EXTRA_PREFIX = "extra."
-
 
 @dataclass
 class LearnerState:
@@ -81,96 +81,131 @@ class Learner:
     def norm(self) -> Normalization:
         return Normalization.from_json(self.state.normalization)
 
-    def save(self, path: Path) -> None:
-        """Write the learner to ``path`` atomically (write beside, then swap)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-        try:
-            self._write(tmp)
-            _swap_in(tmp, path)
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp)
+    def save(self, path: Path, keep: int | None = None) -> None:
+        """Commit the learner's current step to ``path`` (see :func:`sbcli.store.commit.commit_step`).
 
-    def _write(self, folder: Path) -> None:
+        ``keep``: keep only the last N steps (default: the learner's stored setting, all for a new one).
+        The caller holds the writer lock when ``path`` may have other writers.
+        """
+        commit_step(Path(path), self._payload(), asdict(self.state), keep)
+
+    def publish(self, folder: Path) -> None:
+        """Write the current step alone into the new folder ``folder``, files at the root (for the Hub)."""
+        write_flat(Path(folder), self._payload(), asdict(self.state))
+
+    def _payload(self) -> dict[str, bytes]:
+        """The per-step files other than the state, as bytes (keys of ``sbcli.store.layout.STEP_FILES``)."""
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
         tensors.update({EXTRA_PREFIX + k: v.detach().cpu().contiguous() for k, v in self.extra.items()})
-        save_file(tensors, str(folder / "model.safetensors"))
         images, labels = self.memory.tensors()
-        save_file({"images": images.contiguous(), "labels": labels.contiguous()}, str(folder / "memory.safetensors"))
+        payload = {"model": safetensors_bytes(tensors),
+                   "memory": safetensors_bytes({"images": images.contiguous(), "labels": labels.contiguous()})}
         if self.test_sample is not None:
-            save_file(self.test_sample.tensors(), str(folder / carried_sample.FILE))
-        text = json.dumps(asdict(self.state), indent=2, allow_nan=True)
-        (folder / "learner.json").write_text(text + "\n", encoding="utf-8")
+            payload["test_sample"] = safetensors_bytes(self.test_sample.tensors())
+        return payload
 
     @classmethod
-    def load(cls, path: Path, device: torch.device | str = "cpu") -> "Learner":
-        """Read a learner directory (no pickle). Raises LearnerError on a missing file or newer format."""
+    def load(cls, path: Path, device: torch.device | str = "cpu", step: int | None = None) -> "Learner":
+        """Read a learner directory (no pickle), at its current step or at kept step ``step``.
+
+        Raises:
+            LearnerError: no learner, a missing or malformed file, a newer format, or a step not kept.
+        """
         path = Path(path)
-        state = read_state(path)
+        stored = open_stored(path)
+        try:
+            return cls._read(stored, device, step)
+        except FileNotFoundError as err:
+            # a writer may have committed and deleted the files this reading named: read learner.json again once
+            again = open_stored(path)
+            if again.raw == stored.raw:
+                raise _missing(path, err) from err
+        try:
+            return cls._read(again, device, step)
+        except FileNotFoundError as err:
+            raise _missing(path, err) from err
+
+    @classmethod
+    def _read(cls, stored: Stored, device: torch.device | str, step: int | None) -> "Learner":
+        files = stored.step_files(step)
+        root = stored.root
+        state = _step_state(stored, step)
         model = create_model(state.arch, state.num_classes, state.width)
-        tensors = load_file(str(path / "model.safetensors"))
+        tensors = _tensors(root / files["model"])
         extra = {k[len(EXTRA_PREFIX):]: v for k, v in tensors.items() if k.startswith(EXTRA_PREFIX)}
         weights = {k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)}
+        validate.check_model_tensors(weights, state, root / files["model"])
         try:
             model.load_state_dict(weights)
         except RuntimeError as err:
-            raise LearnerError(f"{path}/model.safetensors does not match learner.json ({err.args[0].splitlines()[0]}); "
+            raise LearnerError(f"{root / files['model']} does not match learner.json ({err.args[0].splitlines()[0]}); "
                                "the learner is corrupt, restore it from a copy.") from err
-        memory = _load_memory(path, state)
-        return cls(state, model.to(device), memory, extra, _load_sample(path, state))
+        memory = _load_memory(root / files["memory"], state)
+        return cls(state, model.to(device), memory, extra, _load_sample(root, files, state))
 
 
-def read_state(path: Path) -> LearnerState:
-    """Check a learner directory and parse its learner.json."""
-    if not path.is_dir():
-        raise LearnerError(f"No learner at {path}; give the directory that `sb train --out` wrote.")
-    missing = [f for f in FILES if not (path / f).is_file()]
+def open_stored(path: Path) -> Stored:
+    """``learner.json`` of ``path``, read once; a learner left beside it by an interrupted 0.1 save is moved back first."""
+    legacy.recover(path)
+    return read_stored(path)
+
+
+def read_state(path: Path, step: int | None = None) -> LearnerState:
+    """Check a learner directory and parse its state (at kept step ``step``, default the current one)."""
+    stored = open_stored(Path(path))
+    missing = [rel for rel in stored.step_files(step).values() if not (stored.root / rel).is_file()]
     if missing:
         raise LearnerError(f"The learner at {path} is missing {', '.join(missing)}; restore the directory from a copy.")
-    try:
-        data: dict[str, Any] = json.loads((path / "learner.json").read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise LearnerError(f"{path}/learner.json is not valid JSON ({err}); restore it from a copy.") from err
-    version = data.get("format_version")
-    if not isinstance(version, int) or version > FORMAT_VERSION:
-        raise LearnerError(f"The learner at {path} has format version {version}, newer than this sbcli reads "
-                           f"({FORMAT_VERSION}); upgrade sbcli.")
+    return _step_state(stored, step)
+
+
+def kept_steps(path: Path) -> list[int]:
+    """The steps of the learner at ``path`` that ``--step`` and ``sb rollback`` can go back to."""
+    return sorted(open_stored(Path(path)).kept)
+
+
+def _step_state(stored: Stored, step: int | None) -> LearnerState:
+    stored.step_files(step)
+    data, where = stored.step_state(stored.current if step is None else step)
+    validate.check_state_json(data, where)
+    if not isinstance(data, dict):
+        raise LearnerError(f"{where} holds a JSON {type(data).__name__}, not an object; restore it from a copy.")
     try:
         return LearnerState(**data)
     except TypeError as err:
-        raise LearnerError(f"{path}/learner.json has unexpected fields ({err}); restore it from a copy.") from err
+        raise LearnerError(f"{where} has unexpected fields ({err}); restore it from a copy.") from err
+
+
+def _missing(root: Path, err: FileNotFoundError) -> LearnerError:
+    name = Path(err.filename or "a file")
+    rel = name.relative_to(root) if name.is_relative_to(root) else name
+    return LearnerError(f"The learner at {root} is missing {rel}; restore the directory from a copy.")
+
+
+def _tensors(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise FileNotFoundError(2, "No such file", str(path))
+    return validate.read_safetensors(path)
 
 
 def _load_memory(path: Path, state: LearnerState) -> ExemplarMemory:
-    tensors = load_file(str(path / "memory.safetensors"))
+    tensors = _tensors(path)
+    validate.check_memory_tensors(tensors, state, path)
+    if "images" not in tensors or "labels" not in tensors:
+        raise LearnerError(f"{path} lacks images or labels; restore the learner from a copy.")
     memory = ExemplarMemory(**state.memory)
     if len(tensors["labels"]):
         memory.images, memory.labels = tensors["images"], tensors["labels"].long()
     return memory
 
 
-def _load_sample(path: Path, state: LearnerState) -> CarriedSample | None:
+def _load_sample(root: Path, files: dict[str, str], state: LearnerState) -> CarriedSample | None:
+    """The carried test sample, checked against what learner.json records of it (None when it has none)."""
     if not state.test_sample:
         return None
-    file = path / carried_sample.FILE
-    if not file.is_file():
-        raise LearnerError(f"The learner at {path} is missing {carried_sample.FILE}, which learner.json records; "
-                           "restore the directory from a copy.")
-    return carried_sample.check(load_file(str(file)), state.test_sample, state.num_classes, state.image_size, file)
-
-
-def _swap_in(new: Path, target: Path) -> None:
-    """Replace ``target`` with ``new``: rename the old one aside, rename the new one in, delete the old."""
-    if not target.exists():
-        os.replace(new, target)
-        return
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    os.replace(target, old)
-    try:
-        os.replace(new, target)
-    except OSError:
-        os.replace(old, target)
-        raise
-    shutil.rmtree(old)
+    rel = files.get("test_sample")
+    if rel is None:
+        raise LearnerError(f"learner.json of {root} records a test sample but names no file for it; "
+                           "restore the learner from a copy.")
+    path = root / rel
+    return carried_sample.check(_tensors(path), state.test_sample, state.num_classes, state.image_size, path)

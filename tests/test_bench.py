@@ -63,7 +63,8 @@ def test_bench_draws_both_figures(finished):
 
 def test_a_finished_cell_is_not_run_again(finished, colors, monkeypatch):
     out, _ = finished
-    stamps = {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/model.safetensors")}
+    stamps = {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/learner.json")}
+    assert len(stamps) == 2
 
     def no_training(*args, **kwargs):
         raise AssertionError("a finished cell was trained again")

@@ -21,7 +21,9 @@ def invoke(*args: str):
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    """Every file of a learner (the writer lock's files aside)."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file() and not p.name.startswith(".sbcli.lock")}
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +104,7 @@ def test_add_task_with_missing_folder_leaves_the_learner_unchanged(trained, tmp_
 def test_bad_learner_directories(trained, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(trained, broken)
-    (broken / "model.safetensors").unlink()
+    (broken / json.loads((broken / "learner.json").read_text())["files"]["model"]).unlink()
     assert_error(invoke("evaluate", broken, "--device", "cpu"), "model.safetensors")
     newer = tmp_path / "newer"
     shutil.copytree(trained, newer)

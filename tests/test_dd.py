@@ -1,5 +1,6 @@
 """DD: the double-distillation loss, the temporary network's data, and that it is not kept."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -57,7 +58,7 @@ def dd_learner(four_colors, tmp_path_factory) -> Path:
 
 
 def test_temporary_network_is_not_in_the_saved_learner(dd_learner):
-    tensors = load_file(str(dd_learner / "model.safetensors"))
+    tensors = load_file(str(dd_learner / json.loads((dd_learner / "learner.json").read_text())["files"]["model"]))
     plain = create_model("resnet18", 4, 0.125).state_dict()
     assert set(tensors) == set(plain)
     for key, value in plain.items():

@@ -87,7 +87,8 @@ def test_every_step_is_a_branch_and_main_is_the_latest(hub: FakeHub, published: 
 
 def test_memory_goes_up_only_when_asked(hub: FakeHub, published: dict) -> None:
     assert len(load_file(str(download("memory.safetensors", "step-1")))["labels"]) == 0
-    local = load_file(str(published["step2"] / "memory.safetensors"))
+    local_files = json.loads((published["step2"] / "learner.json").read_text())["files"]
+    local = load_file(str(published["step2"] / local_files["memory"]))
     pushed = load_file(str(download("memory.safetensors", "step-2")))
     assert len(local["labels"]) == 8 and (pushed["labels"] == local["labels"]).all()
     assert (pushed["images"] == local["images"]).all()
@@ -118,15 +119,16 @@ def test_pull_each_step_then_continue_learning(hub: FakeHub, published: dict, co
         assert (pulled.model.state_dict()[key] == value).all(), key
     assert api.pull(REPO, tmp_path / "latest").path == tmp_path / "latest"
     assert Learner.load(tmp_path / "latest").state.num_classes == 4
-    before = sorted(p.name for p in (tmp_path / "s1").iterdir())
+    before = {p.name: p.read_bytes() for p in (tmp_path / "s1").iterdir() if not p.name.startswith(".")}
     with pytest.raises(LearnerError, match=r"holds no exemplars of 2 of its 2 classes .* pass --no-rehearsal"):
         api.add_task(tmp_path / "s1", color_data["task2_train"], color_data["task2_test"], device="cpu", epochs=1)
-    assert sorted(p.name for p in (tmp_path / "s1").iterdir()) == before  # refused before any work
+    after = {p.name: p.read_bytes() for p in (tmp_path / "s1").iterdir() if not p.name.startswith(".")}
+    assert after == before  # refused before any work (the writer lock's file aside)
     step = api.add_task(tmp_path / "s1", color_data["task2_train"], color_data["task2_test"], device="cpu",
                         options=api.AddTaskOptions(epochs=1, no_rehearsal=True))
     assert step.step == 2 and Learner.load(tmp_path / "s1").state.class_names[2:] == ["blue", "yellow"]
     fates = [n for n in step.notes if n.startswith(("README.md", "model.onnx"))]
-    assert len(fates) == 2 and all("step 1" in n and "step 2 with: sb export" in n for n in fates), step.notes
+    assert len(fates) == 2 and all("describes step 1); `sb export" in n for n in fates), step.notes
 
 
 def test_tampered_file_is_refused(hub: FakeHub, tmp_path: Path) -> None:
@@ -269,6 +271,7 @@ def relabelled(learner: Path, tmp_path: Path, names: list[str]) -> Path:
     state["class_names"] = names
     state["class_task"] = [i // 2 for i in range(len(names))]
     state["history"] = [state["history"][0]] * ((len(names) + 1) // 2)
+    state["kept_steps"] = {str(len(state["history"])): state["files"]}  # the current step's files
     (copy_dir / "learner.json").write_text(json.dumps(state))
     return copy_dir
 

@@ -1,4 +1,10 @@
+"""The learner on disk: format 2 round trip, format 1 still read, kept steps, file modes."""
+
+import hashlib
 import json
+import os
+import shutil
+import stat
 from pathlib import Path
 
 import pytest
@@ -7,7 +13,23 @@ import torch
 from sbcli import api
 from sbcli.engine import TrainConfig
 from sbcli.errors import LearnerError
-from sbcli.learner import Learner
+from sbcli.learner import Learner, kept_steps, read_state
+from sbcli.store.layout import FORMAT_VERSION
+
+ZOO_V1 = Path(__file__).resolve().parents[1] / "zoo" / "learners" / "demo-sb-tiny"
+
+
+def tree(folder: Path) -> dict[str, str]:
+    """Every file under ``folder`` (relative path -> SHA-256), the lock files aside."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".sbcli.lock")}
+
+
+def fake_step(learner: Learner, value: float) -> None:
+    """Record one more step without training: the history grows and one weight marks the step."""
+    learner.state.history.append({**learner.state.history[-1], "step": learner.state.steps + 1})
+    with torch.no_grad():
+        next(iter(learner.model.parameters())).view(-1)[0] = value
 
 
 @pytest.fixture(scope="module")
@@ -29,49 +51,108 @@ def test_save_load_round_trip(learner_dir, tmp_path):
         assert torch.equal(value, again.model.state_dict()[key]), key
     assert torch.equal(again.memory.images, learner.memory.images)
     assert torch.equal(again.memory.labels, learner.memory.labels)
-    assert sorted(p.name for p in copy.iterdir()) == ["learner.json", "memory.safetensors", "model.safetensors",
-                                                   "test-sample.safetensors"]
+    assert sorted(tree(copy)) == ["learner.json", "steps/0001/memory.safetensors", "steps/0001/model.safetensors",
+                                  "steps/0001/state.json", "steps/0001/test-sample.safetensors"]
     assert torch.equal(again.test_sample.images, learner.test_sample.images)
 
 
 def test_learner_json_records_what_the_design_asks(learner_dir):
     state = json.loads((learner_dir / "learner.json").read_text())
-    assert state["format_version"] == 1 and state["arch"] == "resnet18" and state["image_size"] == 16
-    assert state["class_names"] == ["green", "red"] or state["class_names"] == ["red", "green"]
+    assert state["format_version"] == FORMAT_VERSION == 2 and state["arch"] == "resnet18" and state["image_size"] == 16
+    assert sorted(state["class_names"]) == ["green", "red"]
     assert state["class_task"] == [0, 0]
     assert set(state["normalization"]) == {"mean", "std"}
     assert state["history"][0]["metrics"]["overall"] >= 0
     assert {"sbcli_version", "torch_version", "dataset"} <= set(state["provenance"])
+    assert state["files"] == state["kept_steps"]["1"] == {
+        "model": "steps/0001/model.safetensors", "memory": "steps/0001/memory.safetensors", "state": "steps/0001/state.json",
+        "test_sample": "steps/0001/test-sample.safetensors"}
+    step_state = json.loads((learner_dir / "steps/0001/state.json").read_text())
+    assert step_state == {k: v for k, v in state.items() if k not in ("files", "kept_steps", "keep")}
 
 
-def test_a_crash_while_saving_leaves_the_previous_learner_intact(learner_dir, tmp_path, monkeypatch):
+def test_files_and_folders_follow_the_umask(learner_dir, tmp_path):
+    old = os.umask(0o022)
+    try:
+        Learner.load(learner_dir).save(tmp_path / "l")
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(tmp_path).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in [tmp_path / "l", *(tmp_path / "l").rglob("*")]}
+    assert modes["l"] == modes["l/steps"] == modes["l/steps/0001"] == 0o755
+    assert modes["l/learner.json"] == modes["l/steps/0001/model.safetensors"] == 0o644
+
+
+def test_every_step_is_kept_and_readable_until_keep_limits_them(learner_dir, tmp_path):
     target = tmp_path / "l"
-    Learner.load(learner_dir).save(target)
-    before = {p.name: p.read_bytes() for p in target.iterdir()}
-    learner = Learner.load(target)
-    learner.state.seed = 123
-
-    def crash(self, folder):
-        (folder / "learner.json").write_text("half")
-        raise OSError("disk full")
-
-    monkeypatch.setattr(Learner, "_write", crash)
-    with pytest.raises(OSError):
+    learner = Learner.load(learner_dir)
+    learner.save(target)
+    for value in (2.0, 3.0):
+        fake_step(learner, value)
         learner.save(target)
-    assert {p.name: p.read_bytes() for p in target.iterdir()} == before
-    assert [p.name for p in tmp_path.iterdir()] == ["l"]  # no temporary left behind
+    assert kept_steps(target) == [1, 2, 3]
+    assert Learner.load(target, step=2).state.steps == 2
+    assert next(iter(Learner.load(target, step=2).model.parameters())).view(-1)[0] == 2.0
+    assert next(iter(Learner.load(target).model.parameters())).view(-1)[0] == 3.0
+    fake_step(learner, 4.0)
+    learner.save(target, keep=2)
+    assert kept_steps(target) == [3, 4] and sorted(p.name for p in (target / "steps").iterdir()) == ["0003", "0004"]
+    fake_step(learner, 5.0)
+    learner.save(target)  # the stored keep applies to later saves
+    assert kept_steps(target) == [4, 5]
+
+
+def test_a_step_that_is_not_kept_is_refused_in_one_sentence(learner_dir):
+    with pytest.raises(LearnerError, match=r"Step 7 .* not kept \(kept steps: 1\)"):
+        Learner.load(learner_dir, step=7)
+    with pytest.raises(LearnerError, match="not kept"):
+        read_state(learner_dir, step=0)
+
+
+def test_format_1_is_read_and_the_next_save_writes_format_2_keeping_its_step(tmp_path):
+    before = tree(ZOO_V1)
+    v1 = Learner.load(ZOO_V1)
+    assert v1.state.format_version == 1 and v1.state.steps == 2 and kept_steps(ZOO_V1) == [2]
+    assert tree(ZOO_V1) == before  # reading never rewrites the bundled fixture
+    copy = tmp_path / "v1"
+    shutil.copytree(ZOO_V1, copy)
+    grown = Learner.load(copy)
+    fake_step(grown, 9.0)
+    grown.save(copy)
+    stored = json.loads((copy / "learner.json").read_text())
+    assert stored["format_version"] == 2 and sorted(stored["kept_steps"]) == ["2", "3"]
+    assert not (copy / "model.safetensors").exists() and not (copy / "memory.safetensors").exists()
+    old = Learner.load(copy, step=2)
+    for key, value in v1.model.state_dict().items():
+        assert torch.equal(value, old.model.state_dict()[key]), key
+    assert torch.equal(old.memory.images, v1.memory.images)
 
 
 def test_newer_format_and_missing_files_are_refused(learner_dir, tmp_path):
     newer = tmp_path / "newer"
-    Learner.load(learner_dir).save(newer)
+    shutil.copytree(learner_dir, newer)
     state = json.loads((newer / "learner.json").read_text())
     state["format_version"] = 99
     (newer / "learner.json").write_text(json.dumps(state))
     with pytest.raises(LearnerError, match="newer"):
         Learner.load(newer)
     missing = tmp_path / "missing"
-    Learner.load(learner_dir).save(missing)
-    (missing / "memory.safetensors").unlink()
-    with pytest.raises(LearnerError, match="memory.safetensors"):
+    shutil.copytree(learner_dir, missing)
+    (missing / "steps/0001/memory.safetensors").unlink()
+    with pytest.raises(LearnerError, match="missing steps/0001/memory.safetensors"):
         Learner.load(missing)
+    with pytest.raises(LearnerError, match="missing steps/0001/memory.safetensors"):
+        read_state(missing)
+
+
+@pytest.mark.parametrize("files", [{"model": "../../etc/passwd"}, {"model": "/abs/model.safetensors"}, "steps/0001", None])
+def test_file_names_outside_steps_are_refused(learner_dir, tmp_path, files):
+    bad = tmp_path / "bad"
+    shutil.copytree(learner_dir, bad)
+    state = json.loads((bad / "learner.json").read_text())
+    if isinstance(files, dict):
+        state["files"] = state["kept_steps"]["1"] = {**state["files"], **files}
+    else:
+        state["files"] = files
+    (bad / "learner.json").write_text(json.dumps(state))
+    with pytest.raises(LearnerError, match="learner.json"):
+        Learner.load(bad)

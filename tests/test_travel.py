@@ -132,7 +132,7 @@ def test_a_data_root_with_other_classes_is_refused(moved: dict[str, Path], color
 
 @pytest.mark.parametrize("tamper", ["labels", "counts"])
 def test_a_sample_that_does_not_match_the_classes_is_refused(moved: dict[str, Path], tamper: str) -> None:
-    path = moved["learner"] / "test-sample.safetensors"
+    path = moved["learner"] / json.loads((moved["learner"] / "learner.json").read_text())["files"]["test_sample"]
     tensors = load_file(str(path))
     if tamper == "labels":
         tensors["labels"][0] = 7  # a class the learner does not know
@@ -183,7 +183,8 @@ def test_a_format_1_learner_is_pushed_without_its_paths(trained: dict[str, Path]
     spec = {"kind": "folder", "path": str(trained["data"] / "train"), "image_size": 16, "test": str(trained["data"] / "test")}
     state["tasks"][0]["source"] = state["plan"]["source"] = spec
     state.pop("test_sample")
-    (legacy / "test-sample.safetensors").unlink()
+    for files in (state["files"], *state["kept_steps"].values()):
+        files.pop("test_sample")
     (legacy / "learner.json").write_text(json.dumps(state))
     assert api.evaluate(legacy, device="cpu")["test_data"]["used"] == "folder"  # its own path, still here
     public = public_state(read_state(legacy))

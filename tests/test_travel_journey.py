@@ -59,7 +59,7 @@ def test_a_learner_travels(fake_hub: FakeHub, tmp_path: Path, monkeypatch: pytes
     mine = tmp_path / "bob" / "learner"
     step = api.add_task(mine, folders_b / "train", folders_b / "test", device="cpu")
     assert step.step == 3 and any("task 1" in n and "carried test sample" in n for n in step.notes), step.notes
-    assert any(n.startswith("README.md was removed (it described step 2)") for n in step.notes), step.notes
+    assert any(n.startswith(f"README.md in {mine} is now stale (it still describes step 2)") for n in step.notes), step.notes
 
     folders_b.rename(tmp_path / "bob" / "B-away")
     result = api.evaluate(mine, device="cpu")

@@ -14,6 +14,8 @@ DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.", r
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Seed of weights, batches, augmentation and exemplar choice (default 0).", rich_help_panel=OPT, show_default=False)]
 EpochsOpt = Annotated[Optional[int], typer.Option("--epochs", help="Epochs of every phase (paper: 200).", rich_help_panel=OPT, show_default=False)]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.", rich_help_panel=OUT)]
+KeepOpt = Annotated[Optional[int], typer.Option("--keep", help="Keep the files of only the last N steps (default: every step, for --step and `sb rollback`).", rich_help_panel=OUT, show_default=False)]
+StepOpt = Annotated[Optional[int], typer.Option("--step", help="Use kept step N of the learner instead of its current one.", show_default=False)]
 TestOpt = Annotated[Optional[Path], typer.Option("--test", help="Class-per-folder test images of the same classes.", rich_help_panel=DATA, show_default=False)]
 
 # Options shared by `sb train` and `sb bench` (one definition, one help text).

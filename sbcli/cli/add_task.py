@@ -8,7 +8,16 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import DeviceOpt, EpochsOpt, JsonOpt, LearnerArg, NoTestSampleOpt, TestOpt, TestRootsOpt
+from sbcli.cli._options import (
+    DeviceOpt,
+    EpochsOpt,
+    JsonOpt,
+    KeepOpt,
+    LearnerArg,
+    NoTestSampleOpt,
+    TestOpt,
+    TestRootsOpt,
+)
 
 EPILOG = """Examples:
 
@@ -28,6 +37,7 @@ def add_task(
     data_roots: TestRootsOpt = None,
     no_test_sample: NoTestSampleOpt = False,
     no_rehearsal: Annotated[bool, typer.Option("--no-rehearsal", help="Grow a learner that holds no exemplars of its classes (pushed without --with-memory) by distillation alone.")] = False,
+    keep: KeepOpt = None,
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
@@ -42,7 +52,8 @@ def add_task(
     with distributed.session(device):
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal)
-        step = api.add_task(learner, folder, test, device=device, options=options, on_progress=render.ProgressPrinter(5))
+        step = api.add_task(learner, folder, test, device=device, keep=keep, options=options,
+                            on_progress=render.ProgressPrinter(5))
     if not main:
         return
     render.step_line(step)

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import DeviceOpt, JsonOpt, LearnerArg, TestRootsOpt
+from sbcli.cli._options import DeviceOpt, JsonOpt, LearnerArg, StepOpt, TestRootsOpt
 
 EPILOG = """Examples:
 
@@ -17,6 +17,8 @@ EPILOG = """Examples:
   sb evaluate my-learner --data-root /data/moved   # the test folders moved: look for them there
 
   sb evaluate my-learner ./holdout --json # on a class-per-folder directory
+
+  sb evaluate my-learner --step 2         # the learner as it was after step 2 (a kept step)
 """
 
 
@@ -25,6 +27,7 @@ def evaluate(
     learner: LearnerArg,
     folder: Annotated[Optional[Path], typer.Argument(help="Class-per-folder test images (default: the learner's own test sets).", show_default=False)] = None,
     data_roots: TestRootsOpt = None,
+    step: StepOpt = None,
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
@@ -32,7 +35,7 @@ def evaluate(
     from sbcli import api
     from sbcli.cli import render
 
-    result = api.evaluate(learner, folder, device=device, data_roots=list(data_roots or []))
+    result = api.evaluate(learner, folder, device=device, step=step, data_roots=list(data_roots or []))
     if json_out:
         render.print_json(result)
         return

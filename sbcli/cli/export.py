@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import OUT, JsonOpt, LearnerArg
+from sbcli.cli._options import OUT, JsonOpt, LearnerArg, StepOpt
 
 FORMATS = ("onnx",)
 HUB = "Hub"
@@ -16,6 +16,8 @@ HUB = "Hub"
 EPILOG = """Examples:
 
   sb export my-learner --format onnx -o model.onnx
+
+  sb export my-learner --step 2 -o step2.onnx --overwrite       # a kept earlier step
 
   sb export my-learner --to-hub user/my-learner                 # main and branch step-N
 
@@ -38,6 +40,8 @@ def export(
     learner: LearnerArg,
     format_: Annotated[str, typer.Option("--format", "-f", help="Export format: onnx.", rich_help_panel=OUT)] = "onnx",
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="ONNX file to write (default: ./LEARNER.onnx; with --to-hub only if given).", rich_help_panel=OUT, show_default=False)] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace an existing -o file.", rich_help_panel=OUT)] = False,
+    step: StepOpt = None,
     to_hub: Annotated[Optional[str], typer.Option("--to-hub", help="Push the learner, its ONNX file and a model card to OWNER/NAME (main and branch step-N).", rich_help_panel=HUB, show_default=False)] = None,
     with_memory: Annotated[bool, typer.Option("--with-memory", help="Also push the exemplar memory (it holds training images).", rich_help_panel=HUB)] = False,
     private: Annotated[bool, typer.Option("--private", help="Create the Hub repository as private.", rich_help_panel=HUB)] = False,
@@ -51,11 +55,13 @@ def export(
 
     if format_ not in FORMATS:
         raise typer.BadParameter(f"'{format_}' is not a format; choose one of: {', '.join(FORMATS)}.", param_hint="--format")
+    if step is not None and to_hub is not None:
+        raise typer.BadParameter("a push uploads the current step; `sb rollback` to step first, or drop --step.", param_hint="--step")
     result: dict = {}
     if to_hub is None or out is not None:
         path = out or Path(f"{learner.resolve().name}.onnx")
         render.ERR.print(f"Exporting {learner} to {path}", highlight=False)
-        result["onnx"] = api.export_onnx(learner, path).to_json()
+        result["onnx"] = api.export_onnx(learner, path, step=step, overwrite=overwrite).to_json()
     if to_hub is not None:
         render.ERR.print(f"Pushing {learner} to {to_hub}" + (" with its exemplar memory" if with_memory else ""), highlight=False)
         result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token,

@@ -72,7 +72,7 @@ def _str(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
-def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool) -> None:
+def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool, keep: int | None = None) -> None:
     from sbcli import api, distributed
     from sbcli.metrics import summary
 
@@ -81,7 +81,7 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool)
     if main:
         render.ERR.print(f"Training [bold]{run.method}[/] on {seq.source or 'demo'} → {out}", highlight=False)
     with distributed.session(run.device):
-        learner = api.train(seq, run, out, resume=resume, on_progress=render.ProgressPrinter(every),
+        learner = api.train(seq, run, out, resume=resume, keep=keep, on_progress=render.ProgressPrinter(every),
                             on_step=render.step_line)
     if not main:
         return

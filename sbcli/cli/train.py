@@ -21,6 +21,7 @@ from sbcli.cli._options import (
     DownloadOpt,
     EpochsOpt,
     JsonOpt,
+    KeepOpt,
     LrOpt,
     MemoryOpt,
     NoTestSampleOpt,
@@ -63,6 +64,7 @@ def train(
     test: TestOpt = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Learner directory to write.", rich_help_panel=OUT)] = Path("runs/learner"),
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sequence in --out from its last completed step.", rich_help_panel=OUT)] = False,
+    keep: KeepOpt = None,
     data_root: DataRootOpt = None,
     download: DownloadOpt = False,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Training resolution for folders (default 32).", rich_help_panel=DATA, show_default=False)] = None,
@@ -96,6 +98,6 @@ def train(
     """Start a learner: learn a task sequence and save it after every step."""
     from sbcli.cli.runs import build_options, run_training
 
-    given = {k: v for k, v in locals().items() if k not in ("json_out",)}
+    given = {k: v for k, v in locals().items() if k not in ("json_out", "keep")}
     seq, run, out_dir = build_options(given, defaults_for(source))
-    run_training(seq, run, out_dir, resume=resume, json_out=json_out)
+    run_training(seq, run, out_dir, resume=resume, keep=keep, json_out=json_out)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +19,7 @@ from typing import Any
 
 from sbcli.errors import ConfigError, ExportError, LearnerError
 from sbcli.export.hub import HubConfig, check_repo_id, copy_files, evict_cached, fetch, safe_relpath
+from sbcli.store.outputs import check_output_dir
 from sbcli.zoo import ZooEntry, ZooIndex, hash_error, load_index, mismatched_files
 
 
@@ -146,7 +147,8 @@ def install(source: Source, target: Path) -> tuple[list[str], dict[str, Any]]:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise LearnerError(f"{target} already exists; pull into another directory with -o, or remove it first.")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.pull-", dir=target.parent))
+    tmp = target.parent / f".{target.name}.pull-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()  # mode from the umask (mkdtemp would make the pulled learner 0700)
     try:
         copy_files(source.folder, source.files, tmp)
         bad = mismatched_files(tmp, source.expected)
@@ -155,13 +157,21 @@ def install(source: Source, target: Path) -> tuple[list[str], dict[str, Any]]:
                 evict_cached(source.folder, bad)
             raise ExportError(hash_error(bad, source.origin))
         inside = _check_learner(tmp, source.origin)
-        if target.exists():
-            target.rmdir()
-        os.replace(tmp, target)
+        _move_into_place(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     return sorted(source.expected), inside
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    """One rename; a target that another process filled meanwhile is refused, not merged."""
+    try:
+        if target.exists():
+            target.rmdir()
+        os.replace(tmp, target)
+    except OSError as err:
+        raise LearnerError(f"{target} already exists; pull into another directory with -o, or remove it first.") from err
 
 
 def _check_learner(folder: Path, origin: str) -> dict[str, Any]:
@@ -215,10 +225,11 @@ def pull(ref: str, out: Path | None = None, *, index: Path | None = None, cfg: H
         LearnerError: the target exists, or what was fetched is not a learner.
     """
     parsed = parse_ref(ref)
+    target = Path(out) if out is not None else default_target(parsed)
+    check_output_dir(target, option="-o")  # before any download
     source = resolve(parsed, load_index(index), cfg or HubConfig())
     for name in source.files:
         safe_relpath(name)
-    target = Path(out) if out is not None else default_target(parsed)
     verified, inside = install(source, target.resolve())
     return PullReport(target, source.origin, source.revision, source.commit, source.files, verified,
                       source.from_cache, [*source.notes, *content_notes(inside)], inside)

@@ -62,7 +62,7 @@ def stage(learner_dir: Path, work: Path, upload: Upload, onnx_cfg: Any) -> tuple
         learner.memory = ExemplarMemory(**learner.state.memory)
     learner.state = public_state(learner.state)
     folder = work / "upload"
-    learner.save(folder)
+    learner.publish(folder)
     shutil.move(work / ONNX_FILE, folder / ONNX_FILE)
     files = sorted([*staged_files(folder), CARD_FILE])
     sample = learner.test_sample

@@ -1,0 +1,40 @@
+"""`sb rollback`: make an earlier kept step of a learner current again."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from sbcli.cli._errors import friendly_errors
+from sbcli.cli._options import JsonOpt, LearnerArg
+
+EPILOG = """Examples:
+
+  sb rollback my-learner 2          # step 2 is current again; steps 3.. stay until the next add-task
+
+  sb rollback my-learner 3          # and forward again, while step 3 is still kept
+"""
+
+
+@friendly_errors
+def rollback(
+    learner: LearnerArg,
+    step: Annotated[int, typer.Argument(help="The kept step to make current (see `sb evaluate LEARNER`).", show_default=False)],
+    json_out: JsonOpt = False,
+) -> None:
+    """Make kept step N of a learner current again (later steps are kept until the next add-task)."""
+    from sbcli import api
+    from sbcli.cli import render
+
+    result = api.rollback(learner, step)
+    if json_out:
+        render.print_json(result)
+        return
+    kept = ", ".join(str(n) for n in result["kept_steps"])
+    if result["step"] == result["previous"]:
+        render.OUT.print(f"{learner} is already at step {step}; nothing changed (kept steps: {kept}).", highlight=False)
+        return
+    render.OUT.print(f"{learner} is at step {step} again ({result['classes']} classes; it was at step "
+                     f"{result['previous']}). Kept steps: {kept}; the next add-task replaces the steps after {step}.",
+                     highlight=False)

@@ -1,0 +1,212 @@
+"""The commit point under a crash at every step of a save, the writer lock, rollback, leftovers."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from test_learner import ZOO_V1, fake_step, tree
+
+from sbcli import api
+from sbcli.engine import TrainConfig
+from sbcli.errors import LearnerError
+from sbcli.learner import Learner, kept_steps
+from sbcli.store import commit
+from sbcli.store.commit import FAULT_ENV, FAULT_EXIT
+from sbcli.store.layout import LOCK_INFO
+from sbcli.store.lock import writer_lock
+
+
+class Crash(BaseException):
+    """A simulated kill: no ``except Exception`` cleanup runs, as none would after SIGKILL."""
+
+
+def marker(learner: Learner) -> float:
+    return float(next(iter(learner.model.parameters())).detach().view(-1)[0])
+
+
+@pytest.fixture(scope="module")
+def base(color_data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("store") / "base"
+    run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
+    seq = api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]), image_size=16, tasks=1)
+    api.train(seq, run, out)
+    return out
+
+
+def two_steps(base: Path, target: Path) -> Learner:
+    """A learner with steps 1 and 2 (marked 1.0 and 2.0), keeping 2 steps, plus a crash's leftovers."""
+    learner = Learner.load(base)
+    fake_step(learner, 0.0)
+    learner.state.history.pop()
+    with torch.no_grad():
+        next(iter(learner.model.parameters())).view(-1)[0] = 1.0
+    learner.save(target, keep=2)
+    fake_step(learner, 2.0)
+    learner.save(target)
+    (target / "steps" / "0009").mkdir()  # an orphan step folder and a temporary of an interrupted save
+    (target / "steps" / "0009" / "model.safetensors").write_bytes(b"half")
+    (target / "learner.json.tmp-999999").write_text("{half")
+    return learner
+
+
+def save_points(base: Path, tmp_path: Path, monkeypatch) -> list[str]:
+    """Every named point a save of step 3 passes, in order (with the leftovers to clean and a step to drop)."""
+    learner = two_steps(base, tmp_path / "probe")
+    fake_step(learner, 3.0)
+    seen: list[str] = []
+    monkeypatch.setattr(commit, "checkpoint", seen.append)
+    learner.save(tmp_path / "probe")
+    monkeypatch.undo()
+    return seen
+
+
+def test_a_crash_at_every_point_of_a_save_leaves_a_complete_learner_old_or_new(base, tmp_path, monkeypatch):
+    points = save_points(base, tmp_path, monkeypatch)
+    assert {"write:model", "fsync:model", "write:memory", "fsync:memory", "write:state", "fsync:state",
+            "fsync:step-dir", "fsync:steps", "write:learner.json.tmp", "fsync:learner.json.tmp",
+            "rename:learner.json", "fsync:root", "delete:tmp", "delete:step"} <= set(points)
+    committed_at = points.index("rename:learner.json")
+    occurrences = Counter()
+    for i, point in enumerate(points):
+        occurrences[point] += 1
+        target = tmp_path / f"crash-{i}"
+        learner = two_steps(base, target)
+        fake_step(learner, 3.0)
+        nth, hits = occurrences[point], Counter()
+
+        def crash(name, point=point, nth=nth, hits=hits):
+            hits[name] += 1
+            if name == point and hits[name] == nth:
+                raise Crash(name)
+
+        monkeypatch.setattr(commit, "checkpoint", crash)
+        with pytest.raises(Crash):
+            learner.save(target)
+        monkeypatch.undo()
+        after = Learner.load(target)  # a reader sees a complete learner at once
+        expected = (3, 3.0) if i >= committed_at else (2, 2.0)
+        assert (after.state.steps, marker(after)) == expected, point
+        # the next writer cleans what the crash left and commits
+        fake_step(after, 4.0 if i >= committed_at else 3.0)
+        after.save(target)
+        stored = json.loads((target / "learner.json").read_text())
+        referenced = {rel for files in stored["kept_steps"].values() for rel in files.values()}
+        assert set(tree(target)) == referenced | {"learner.json"}, point
+        assert len(stored["kept_steps"]) == 2
+
+
+def test_a_killed_process_at_a_fault_point_leaves_the_old_learner(base, tmp_path):
+    target = tmp_path / "l"
+    two_steps(base, target)
+    before = json.loads((target / "learner.json").read_text())
+    script = textwrap.dedent(f"""
+        import torch
+        from sbcli.learner import Learner
+        learner = Learner.load({str(target)!r})
+        learner.state.history.append(dict(learner.state.history[-1], step=3))
+        learner.save({str(target)!r})
+    """)
+    for point, expected_steps in (("fsync:learner.json.tmp", 2), ("fsync:root", 3)):
+        env = {**os.environ, FAULT_ENV: point, "PYTHONPATH": os.pathsep.join(sys.path)}
+        done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120, check=False)
+        assert done.returncode == FAULT_EXIT, done.stderr[-2000:]
+        assert Learner.load(target).state.steps == expected_steps
+    assert before["kept_steps"]["2"] == json.loads((target / "learner.json").read_text())["kept_steps"]["2"]
+
+
+def test_a_second_writer_is_refused_at_once_naming_the_holder(base, tmp_path):
+    target = tmp_path / "l"
+    Learner.load(base).save(target)
+    with writer_lock(target, "add-task"):
+        note = json.loads((target / LOCK_INFO).read_text())
+        assert note["pid"] == os.getpid() and note["host"] == socket.gethostname() and note["command"] == "add-task"
+        with pytest.raises(LearnerError, match=rf"being written by sb add-task \(pid {os.getpid()} on .*, since "):
+            with writer_lock(target, "rollback"):
+                pass
+    with writer_lock(target, "rollback"):  # released: the next writer gets it
+        pass
+    assert not (target / LOCK_INFO).exists()
+
+
+def test_the_lock_of_a_killed_writer_is_taken_over(base, tmp_path):
+    target = tmp_path / "l"
+    Learner.load(base).save(target)
+    script = textwrap.dedent(f"""
+        import os, signal
+        from pathlib import Path
+        from sbcli.store.lock import writer_lock
+        with writer_lock(Path({str(target)!r}), "add-task"):
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=60, check=False)
+    assert done.returncode == -signal.SIGKILL
+    assert json.loads((target / LOCK_INFO).read_text())["pid"] != os.getpid()  # the dead holder's note is left
+    with writer_lock(target, "train"):
+        assert json.loads((target / LOCK_INFO).read_text())["pid"] == os.getpid()
+
+
+def test_rollback_makes_a_kept_step_current_and_the_next_save_replaces_later_steps(base, tmp_path):
+    target = tmp_path / "l"
+    learner = Learner.load(base)
+    learner.save(target)
+    for value in (2.0, 3.0):
+        fake_step(learner, value)
+        learner.save(target)
+    result = api.rollback(target, 2)
+    assert result["step"] == 2 and result["previous"] == 3 and result["kept_steps"] == [1, 2, 3]
+    now = Learner.load(target)
+    assert now.state.steps == 2 and marker(now) == 2.0
+    assert marker(Learner.load(target, step=3)) == 3.0  # the later step is still there
+    api.rollback(target, 3)
+    assert Learner.load(target).state.steps == 3
+    api.rollback(target, 2)
+    again = Learner.load(target)
+    fake_step(again, 33.0)
+    again.save(target)  # a new step 3 replaces the old one
+    assert kept_steps(target) == [1, 2, 3] and marker(Learner.load(target)) == 33.0
+    assert sorted(p.name for p in (target / "steps").iterdir()) == ["0001", "0002", "0003-1"]
+
+
+def test_rollback_to_a_step_not_kept_changes_nothing(base, tmp_path):
+    target = tmp_path / "l"
+    learner = Learner.load(base)
+    learner.save(target)
+    fake_step(learner, 2.0)
+    learner.save(target)
+    before = tree(target)
+    for step in (0, 3, 99):
+        with pytest.raises(LearnerError, match=rf"Step {step} .* not kept \(kept steps: 1, 2\)"):
+            api.rollback(target, step)
+    assert tree(target) == before
+
+
+def test_a_learner_left_between_the_renames_of_the_old_save_is_recovered(tmp_path, caplog):
+    import shutil
+
+    shutil.copytree(ZOO_V1, tmp_path / ".l.old-4242")
+    shutil.copytree(ZOO_V1, tmp_path / ".l.tmp-abcd")
+    (tmp_path / ".l.tmp-zzzz").mkdir()  # an incomplete one is never chosen
+    learner = Learner.load(tmp_path / "l")
+    assert learner.state.steps == 2 and "Recovered the learner" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".l.old-4242", ".l.tmp-zzzz", "l"]
+    fake_step(learner, 1.0)
+    with writer_lock(tmp_path / "l", "add-task"):
+        learner.save(tmp_path / "l")  # a writer removes the rest
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l"]
+
+
+def test_a_failed_first_train_leaves_no_directory(tmp_path, color_data):
+    run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
+    seq = api.SequenceOptions(source=str(color_data["task1_train"]), image_size=16, tasks=5)  # 2 classes in 5 tasks
+    with pytest.raises(Exception, match="task"):
+        api.train(seq, run, tmp_path / "new")
+    assert not (tmp_path / "new").exists()
