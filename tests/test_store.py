@@ -210,3 +210,20 @@ def test_a_failed_first_train_leaves_no_directory(tmp_path, color_data):
     with pytest.raises(Exception, match="task"):
         api.train(seq, run, tmp_path / "new")
     assert not (tmp_path / "new").exists()
+
+
+def test_a_reader_whose_files_a_writer_deleted_reads_learner_json_again(base, tmp_path, monkeypatch):
+    import sbcli.learner as learner_module
+
+    target = tmp_path / "l"
+    learner = Learner.load(base)
+    learner.save(target)
+    stale = learner_module.open_stored(target)  # the reader has read learner.json ...
+    fake_step(learner, 2.0)
+    learner.save(target, keep=1)  # ... then a writer commits step 2 and deletes step 1
+    assert not (target / "steps" / "0001").exists()
+    calls = iter([stale])
+    real = learner_module.open_stored
+    monkeypatch.setattr(learner_module, "open_stored", lambda path: next(calls, None) or real(path))
+    again = Learner.load(target)
+    assert again.state.steps == 2 and marker(again) == 2.0

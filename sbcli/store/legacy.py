@@ -43,7 +43,7 @@ def recover(target: Path) -> Path | None:
 
     Returns the folder that was moved into place (None when there was nothing to do).
     """
-    if holds_learner(target) or (target.exists() and any(target.iterdir())):
+    if holds_learner(target) or (target.exists() and (not target.is_dir() or any(target.iterdir()))):
         return None
     for candidate in leftovers(target):
         if not _complete(candidate):
