@@ -51,6 +51,11 @@ def is_legacy(record: dict) -> bool:
     return any(key in record and isinstance(record[key], str) for key in PATH_KEYS)
 
 
+def is_record(value: object) -> bool:
+    """A record of this format (a ``name``, no path), as opposed to a format-1 spec."""
+    return isinstance(value, dict) and "name" in value and not is_legacy(value)
+
+
 def public_record(record: dict) -> dict:
     """``record`` with every path replaced by its last part (a format-1 spec becomes a record)."""
     if not is_legacy(record):
