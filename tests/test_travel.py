@@ -221,3 +221,14 @@ def test_record_checks_refuse_paths_and_bad_fingerprints(trained: dict[str, Path
     assert ".counts" in record_problem({**record, "train": {**record["train"], "counts": [1]}})
     assert ".sha256" in record_problem({**record, "test": {**record["test"], "sha256": "x" * 64}})
     assert "not a known field" in record_problem({**record, "path": "/data"})
+
+
+def test_onnx_check_uses_the_carried_sample_where_the_memory_lacks_classes(trained, tmp_path: Path) -> None:
+    from sbcli.memory import ExemplarMemory
+
+    learner = Learner.load(trained["learner"])
+    learner.memory = ExemplarMemory(**learner.state.memory)  # as pulled from a push without --with-memory
+    learner.save(tmp_path / "no-memory")
+    report = api.export_onnx(tmp_path / "no-memory", tmp_path / "model.onnx")
+    assert report.parity.source == "images from the carried test sample" and report.parity.images == 16
+    assert report.parity.argmax_agreement == 1.0
