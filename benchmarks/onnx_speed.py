@@ -10,7 +10,8 @@ Without a learner directory it builds one with random weights (speed does not de
 default: the CPUs this process may use), the same [0, 1] float32 images and the same graph
 (normalisation + scoring module, :func:`sbcli.export.onnx.serving_model`). After a warm-up, the
 median of ``--repeats`` timed batches (the two runtimes in turn) is reported, then the ratio PyTorch / ONNX (above 1: ONNX
-is faster). The export's own parity check runs first and is printed too.
+is faster). The export's own parity check runs first and is printed too. ``--half`` also times the
+fp16 export (``sb export --half``) in the same interleaved loop.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--half", action="store_true", help="also time the fp16 export (sb export --half)")
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -92,7 +94,12 @@ def main() -> None:
         def run_onnx() -> object:
             return session.run(["logits"], {"images": x})
 
-        ms = interleaved_ms({"torch": run_torch, "onnx": run_onnx}, args.warmup, args.repeats)
+        runs = {"torch": run_torch, "onnx": run_onnx}
+        if args.half:
+            half = export_onnx(learner, Path(tmp) / "half.onnx", OnnxConfig(half=True))
+            half_session = ort_session(half.path, threads=args.threads)
+            runs["onnx fp16"] = lambda: half_session.run(["logits"], {"images": x})
+        ms = interleaved_ms(runs, args.warmup, args.repeats)
         torch_ms, onnx_ms = ms["torch"], ms["onnx"]
     s = learner.state
     print(f"model: {s.arch} x{s.width}, {s.num_classes} classes, {size}x{size}; batch {args.batch}; "
@@ -102,6 +109,10 @@ def main() -> None:
     print(f"PyTorch eager: {torch_ms:.1f} ms/batch ({1000 * args.batch / torch_ms:.0f} img/s)")
     print(f"onnxruntime:   {onnx_ms:.1f} ms/batch ({1000 * args.batch / onnx_ms:.0f} img/s)")
     print(f"ratio PyTorch / ONNX = {torch_ms / onnx_ms:.2f} (above 1: ONNX is faster)")
+    if args.half:
+        print(f"onnxruntime fp16 (--half): {ms['onnx fp16']:.1f} ms/batch; ratio fp32 / fp16 = "
+              f"{onnx_ms / ms['onnx fp16']:.2f} (above 1: fp16 is faster); parity max diff {half.parity.max_abs_diff:.2e}, "
+              f"argmax agreement {100 * half.parity.argmax_agreement:.1f} %, {half.bytes / 1e6:.1f} MB vs {report.bytes / 1e6:.1f} MB")
 
 
 if __name__ == "__main__":

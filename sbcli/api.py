@@ -8,78 +8,52 @@ from __future__ import annotations
 import dataclasses
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from sbcli import __version__, distributed, evalsets, growing
+from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
+from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from sbcli.data.imageset import ImageSet
 from sbcli.data.records import remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
+from sbcli.data.shaping import only_classes, resize_opened, with_image_size
+from sbcli.device import resolve_device
 from sbcli.engine import Engine, ProgressEvent, TrainConfig
-from sbcli.errors import ConfigError, DataError, DeviceError, LearnerError
+from sbcli.errors import ConfigError, DataError, LearnerError
+from sbcli.growing import AddTaskOptions
 from sbcli.learner import Learner, LearnerState
 from sbcli.memory import ExemplarMemory
 from sbcli.methods import build_config
-from sbcli.metrics import summary
+from sbcli.metrics import history_summary
 from sbcli.nets import create_model, list_models
 from sbcli.steps import StepSummary, evaluate_learner, learn_step
 from sbcli.store import legacy
 from sbcli.store.lock import writer_lock
-from sbcli.store.outputs import check_output_dir, check_output_file
+from sbcli.store.outputs import check_output_dir, check_output_file, enclosing_learner
 
 ProgressFn = Callable[[ProgressEvent], None]
 StepFn = Callable[[StepSummary], None]
 
 
-@dataclass(frozen=True)
-class RunOptions:
-    """Everything a run is configured with, built once at the boundary (the CLI)."""
+def options(source: str | None = None, *, recipe: str | None = None, **settings: Any) -> tuple[SequenceOptions, RunOptions]:
+    """The sequence and run that ``sb train SOURCE [--recipe RECIPE] [--SETTING VALUE ...]`` would use.
 
-    method: str = "sb"
-    method_options: dict[str, Any] = field(default_factory=dict)
-    arch: str = "resnet18"
-    width: float = 1.0
-    train: TrainConfig = TrainConfig()
-    memory: int = 2000
-    selection: str = "random"
-    seed: int = 0
-    device: str = "auto"
+    The same per-source defaults, recipes and names as the CLI (:mod:`sbcli.config`), e.g.
+    ``options("cifar100", recipe="paper-10", epochs=3, weight_decay=1e-4)``.
 
-
-@dataclass(frozen=True)
-class SequenceOptions:
-    """What to learn: a source, its class order and its cut into tasks."""
-
-    source: str | None = None
-    test: str | None = None
-    data_root: str | None = None
-    download: bool = False
-    image_size: int | None = None
-    tasks: int | None = None
-    base: int | None = None
-    increment: int | None = None
-    order_seed: int | None = 0
-    class_order: list[int] | None = None
-    classes: int | None = None  # keep only the first N classes of the class order (a smaller benchmark)
-    test_sample: bool = True  # carry a capped sample of the test images in the learner (False: private data)
-
-
-def resolve_device(name: str) -> torch.device:
-    """``auto`` picks CUDA when present. Raises DeviceError when CUDA is asked for and absent.
-
-    Under torchrun this joins the process group and gives this rank's device (see sbcli.distributed).
+    Raises:
+        ConfigError: a setting that no run takes, or a value that is refused.
     """
-    if name == "auto":
-        return distributed.join(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise DeviceError("--device cuda was asked for but this machine has no CUDA GPU; use --device cpu or auto.")
-    if name != "cpu" and not name.startswith("cuda"):
-        raise DeviceError(f"--device {name} is unknown; use auto, cpu or cuda.")
-    return distributed.join(torch.device(name))
+    unknown = sorted(set(settings) - known_keys())
+    if unknown:
+        raise ConfigError(f"{', '.join(unknown)} {'is' if len(unknown) == 1 else 'are'} not a setting of a run; "
+                          f"known: {', '.join(sorted(known_keys()))}.")
+    seq, run, _ = build_options({"source": source, "recipe": recipe, **settings})
+    return seq, run
 
 
 def _check_run(run: RunOptions) -> torch.device:
@@ -87,8 +61,6 @@ def _check_run(run: RunOptions) -> torch.device:
         raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
     if run.width <= 0:
         raise ConfigError("--width must be positive (e.g. 0.25 for a quarter-width network).")
-    if run.train.epochs < 1 or run.train.batch_size < 1:
-        raise ConfigError("--epochs and --batch-size must be at least 1.")
     build_config(run.method, run.method_options)
     ExemplarMemory(run.memory, run.selection, run.seed)
     return resolve_device(run.device)
@@ -117,50 +89,6 @@ def sequence_scenario(seq: SequenceOptions, num_classes: int) -> Scenario:
         raise ConfigError(f"--classes {seq.classes} is outside 1..{num_classes}, the classes of this source.")
     order = make_scenario(num_classes, seq.order_seed, order=seq.class_order).order[: seq.classes]
     return Scenario(order=order, sizes=task_sizes(seq.classes, seq.tasks, seq.base, seq.increment))
-
-
-def with_image_size(spec: dict, image_size: int | None) -> dict:
-    """A benchmark spec that records a resolution other than its native one (folders carry theirs)."""
-    if image_size is None or spec["kind"] == "folder" or image_size == spec_image_size(spec):
-        return spec
-    if image_size < 8:
-        raise ConfigError(f"--image-size {image_size} is too small; use 8 pixels or more.")
-    return {**spec, "image_size": image_size}
-
-
-def open_sized(spec: dict, train: bool = True, test: bool = True) -> Opened:
-    """``open_spec``, then a benchmark's images resized to the spec's ``image_size`` when it has one."""
-    return resize_opened(open_spec(spec, train=train, test=test), spec)
-
-
-def _only_classes(opened: Opened, classes: list[int]) -> Opened:
-    """The images of the dataset classes ``classes`` alone (labels and class names unchanged)."""
-    if len(classes) == len(opened.train.class_names):
-        return opened
-    keep = torch.tensor(classes)
-    parts = {name: None if part is None else part.subset(torch.isin(part.labels, keep))
-             for name, part in (("train", opened.train), ("test", opened.test))}
-    return dataclasses.replace(opened, **parts)
-
-
-def resize_opened(opened: Opened, spec: dict) -> Opened:
-    """A benchmark's images resized to the spec's ``image_size`` when it has one."""
-    size = spec.get("image_size")
-    if spec["kind"] == "folder" or size is None:
-        return opened
-    return dataclasses.replace(opened, train=_resized(opened.train, size), test=_resized(opened.test, size))
-
-
-def _resized(images: ImageSet | None, size: int, chunk: int = 2048) -> ImageSet | None:
-    """Antialiased bilinear resize of uint8 images, in chunks to bound the float copy."""
-    if images is None or images.image_size == size:
-        return images
-    if len(images) == 0:
-        return ImageSet(images.images.new_zeros(0, 3, size, size), images.labels, list(images.class_names))
-    parts = [torch.nn.functional.interpolate(images.images[i : i + chunk].float(), size=(size, size), mode="bilinear",
-                                             antialias=True, align_corners=False).round_().clamp_(0, 255).to(torch.uint8)
-             for i in range(0, len(images), chunk)]
-    return ImageSet(torch.cat(parts), images.labels, list(images.class_names))
 
 
 def _check_out(out: Path, resume: bool) -> None:
@@ -192,13 +120,18 @@ def _check_keep(keep: int | None) -> None:
 
 def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.device, resume: bool, keep: int | None,
            on_progress: ProgressFn | None, on_step: StepFn | None) -> Learner:
+    weights = None
+    if run.pretrained and not resume:  # fetched and checked before any data is read
+        from sbcli import pretrained
+
+        weights = pretrained.load(run.pretrained, run.arch, run.width, sha256=run.pretrained_sha256)
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
     opened = open_spec(spec)
     record = remember_source(spec, opened.train, opened.test)
     names = opened.train.class_names
     scenario = sequence_scenario(seq, len(names))
-    opened = resize_opened(_only_classes(opened, scenario.order), spec)
+    opened = resize_opened(only_classes(opened, scenario.order), spec)
     plan = {"source": record, "scenario": scenario.to_json()}
     if resume:
         learner = Learner.load(out, device)
@@ -206,10 +139,17 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         if stored.get("scenario") != plan["scenario"] or not same_source(stored.get("source", {}), record):
             raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
     else:
-        norm = opened.norm or compute_normalization(opened.train.images)
+        # pretrained backbones expect the statistics they were trained with: ImageNet's
+        norm = Normalization(IMAGENET_MEAN, IMAGENET_STD) if weights else (opened.norm or compute_normalization(opened.train.images))
         state = _new_state(run, spec.get("image_size") or spec_image_size(spec), norm.to_json(), plan, spec["kind"])
         torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
-        model = create_model(run.arch, scenario.sizes[0], run.width).to(device)
+        model = create_model(run.arch, scenario.sizes[0], run.width, run.train.zero_init_residual)
+        if weights is not None:
+            from sbcli import pretrained
+
+            pretrained.apply(model, weights)
+            state.provenance["pretrained"] = weights.record
+        model = model.to(device)
         learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
     ordered = [names[c] for c in scenario.order]
     for step in range(learner.state.steps, len(scenario.sizes)):
@@ -270,20 +210,9 @@ def load_test_sets(learner: Learner) -> ImageSet:
     return test_data(learner).test
 
 
-@dataclass(frozen=True)
-class AddTaskOptions:
-    """What `sb add-task` may change about how a step is learned and recorded."""
-
-    epochs: int | None = None
-    method: str | None = None
-    data_roots: list[Path] = field(default_factory=list)  # where moved test sets of earlier tasks now are
-    test_sample: bool = True  # carry a sample of the new classes' test images
-    no_rehearsal: bool = False  # grow without exemplars of the old classes (a learner pulled without memory)
-
-
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
-             epochs: int | None = None, method: str | None = None, keep: int | None = None,
-             options: AddTaskOptions | None = None,
+             epochs: int | None = None, method: str | None = None, warmup_epochs: float | None = None,
+             keep: int | None = None, options: AddTaskOptions | None = None,
              on_progress: ProgressFn | None = None) -> StepSummary:
     """Learn the classes of ``folder`` (class-per-folder) as a new task of the learner at ``learner_dir``.
 
@@ -297,16 +226,18 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     opts = options or AddTaskOptions(epochs=epochs, method=method)
     opts = dataclasses.replace(opts, epochs=opts.epochs if epochs is None else epochs, method=opts.method or method)
     with writer_lock(Path(learner_dir), "add-task", enabled=distributed.is_main_process()):
-        return _add_task(Path(learner_dir), folder, test, device, opts, keep, on_progress)
+        return _add_task(Path(learner_dir), folder, test, device, opts, warmup_epochs, keep, on_progress)
 
 
 def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, opts: AddTaskOptions,
-              keep: int | None, on_progress: ProgressFn | None) -> StepSummary:
+              warmup_epochs: float | None, keep: int | None, on_progress: ProgressFn | None) -> StepSummary:
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev)
     if opts.method is not None and opts.method != learner.state.method:
         raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {opts.method}; "
                           f"drop --method or start a new learner with `sb train --method {opts.method}`.")
+    if warmup_epochs is not None and warmup_epochs < 0:
+        raise ConfigError(f"--warmup-epochs {warmup_epochs} is negative; give 0 (no warm-up) or more.")
     growing.check_rehearsal(learner, learner_dir, opts.no_rehearsal)
     spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=learner.state.image_size,
                         data_root=None, download=False)
@@ -321,6 +252,8 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     record = remember_source(spec, opened.train, opened.test)
     if opts.epochs is not None:
         learner.state.train_config["epochs"] = opts.epochs
+    if warmup_epochs is not None:  # recorded: later steps keep it
+        learner.state.train_config["warmup_epochs"] = warmup_epochs
     names = learner.state.class_names + new
     num_old = len(learner.state.class_names)
     train_set = relabel(opened.train, names, new)
@@ -361,18 +294,16 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
         test, used = chosen.test, chosen.to_json()
     engine = Engine(TrainConfig(**_tuples(state.train_config)), dev, learner.norm, state.seed)
     metrics = evaluate_learner(learner, engine, test)
-    overall = [h["metrics"]["overall"] for h in state.history]
-    rows = [h["metrics"]["per_task"] for h in state.history]
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
             "test_images": len(test), "test_data": used, "metrics": metrics.to_json(), "history": state.history,
-            "summary": summary(overall, rows)}
+            "summary": history_summary(state.history)}
 
 
 # -- ways out: ONNX, the Hub, the zoo, serving (sbcli.export; optional extras loaded on use) --
 
 
-def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, step: int | None = None,
-                overwrite: bool = False) -> Any:
+def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, half: bool = False,
+                opset: int | None = None, step: int | None = None, overwrite: bool = False) -> Any:
     """Write the learner at ``learner_dir`` (at kept step ``step``) as one ONNX file, checked against
     PyTorch in onnxruntime. ``out`` is never a directory or inside a learner, and an existing file
     only with ``overwrite``.
@@ -382,8 +313,24 @@ def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, step: 
     from sbcli.export.onnx import OnnxConfig
     from sbcli.export.onnx import export_onnx as write_onnx
 
+    cfg = OnnxConfig(tolerance=tolerance, half=half, opset=opset)  # checks the opset before loading
     check_output_file(Path(out), overwrite=overwrite)
-    return write_onnx(Learner.load(learner_dir, "cpu", step), Path(out), OnnxConfig(tolerance=tolerance))
+    return write_onnx(Learner.load(learner_dir, "cpu", step), Path(out), cfg)
+
+
+def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half: bool = False,
+                  opset: int | None = None, max_batch_size: int = 64, max_queue_delay_us: int = 1000) -> Any:
+    """Write a Triton Inference Server model repository for the learner; returns a TritonReport."""
+    from sbcli.export.onnx import OnnxConfig
+    from sbcli.export.triton import TritonConfig
+    from sbcli.export.triton import export_triton as write_triton
+
+    cfg = OnnxConfig(half=half, opset=opset)
+    learner = enclosing_learner(Path(out).parent)
+    if learner is not None:
+        raise ConfigError(f"-o {out} is inside the learner at {learner}; write the model repository outside it.")
+    triton = TritonConfig(name=name or Path(learner_dir).resolve().name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us)
+    return write_triton(Learner.load(learner_dir, "cpu"), Path(out), cfg, triton)
 
 
 def rollback(learner_dir: Path, step: int) -> dict:

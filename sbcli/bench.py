@@ -93,8 +93,12 @@ class BenchPlan:
         """What must be the same across the cells of one table (JSON-normalised)."""
         seq = {k: v for k, v in dataclasses.asdict(self.seq).items() if k not in ("tasks", "base", "increment")}
         run = {k: v for k, v in dataclasses.asdict(self.run).items() if k not in ("method", "method_options", "device")}
-        run["train"].pop("compile")  # how fast, not what is computed: a bench may resume with or without it
+        for key in SPEED_KEYS:  # how fast, not what is computed: a bench may resume with other values
+            run["train"].pop(key)
         return json.loads(json.dumps({"sequence": seq, "run": run, "rho": self.rho}))
+
+
+SPEED_KEYS = ("compile", "threads", "eval_batch_size")  # engine settings that change the speed, not the results
 
 
 @dataclass(frozen=True)
@@ -165,7 +169,7 @@ def check_budget(plan: BenchPlan, out: Path) -> None:
     budget = plan.budget()
     if path.is_file():
         stored = json.loads(path.read_text(encoding="utf-8"))
-        stored.get("run", {}).get("train", {}).pop("compile", None)  # older bench.json files recorded it: not a budget key
+        _complete(stored.get("run", {}).get("train", {}))
         if stored != budget:
             changed = sorted(_diff_keys(stored, budget))
             raise ConfigError(f"{out} holds a bench run with other options ({', '.join(changed)}); rerun with the same "
@@ -173,6 +177,18 @@ def check_budget(plan: BenchPlan, out: Path) -> None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(budget, indent=2) + "\n", encoding="utf-8")
+
+
+def _complete(stored_train: dict) -> None:
+    """An older bench.json's engine settings as today's: speed keys dropped, later settings at their defaults."""
+    from sbcli.engine import TrainConfig
+
+    for key in SPEED_KEYS:
+        stored_train.pop(key, None)
+    defaults = json.loads(json.dumps(dataclasses.asdict(TrainConfig())))
+    for key, value in defaults.items():
+        if key not in SPEED_KEYS:
+            stored_train.setdefault(key, value)
 
 
 def _diff_keys(a: dict, b: dict, prefix: str = "") -> list[str]:
@@ -221,14 +237,15 @@ def run_bench(plan: BenchPlan, out: Path, *, plots: bool = True, on_cell: CellFn
 
 def cell_summary(history: list[dict]) -> dict:
     """One cell's numbers: both averages, last, and the per-step curves (accuracy, intra-old/new)."""
-    from sbcli.metrics import average_incremental
+    from sbcli.metrics import history_summary
 
     overall = [h["metrics"]["overall"] for h in history]
     later = history[1:]
+    s = history_summary(history)
     return {
-        "avg_2_to_T": average_incremental(overall, skip_first=True),
-        "avg_1_to_T": average_incremental(overall, skip_first=False),
-        "last": overall[-1] if overall else math.nan,
+        "avg_2_to_T": s["avg_incremental_2_to_T"],
+        "avg_1_to_T": s["avg_incremental_1_to_T"],
+        "last": s["last"],
         "classes": [h["num_classes"] for h in history],
         "accuracy": overall,
         "intra_old": _mean([h["metrics"]["intra_old"] for h in later]),
@@ -236,7 +253,19 @@ def cell_summary(history: list[dict]) -> dict:
         "old": _mean([h["metrics"]["old"] for h in later]),
         "new": _mean([h["metrics"]["new"] for h in later]),
         "seconds": round(sum(h.get("seconds", 0.0) for h in history), 1),
+        **_network_summary(history),
     }
+
+
+def _network_summary(history: list[dict]) -> dict:
+    """The network's own accuracy beside a rule outside it (STD + iCaRL's nearest mean), when recorded."""
+    from sbcli.metrics import history_summary
+
+    if not history or not all("network_metrics" in h for h in history):
+        return {}
+    s = history_summary([{"metrics": h["network_metrics"]} for h in history])
+    return {"network": {"avg_2_to_T": s["avg_incremental_2_to_T"], "avg_1_to_T": s["avg_incremental_1_to_T"],
+                        "last": s["last"], "accuracy": [h["network_metrics"]["overall"] for h in history]}}
 
 
 def _mean(values: list[float]) -> float:
@@ -281,8 +310,11 @@ def _grid(table: dict, key: str) -> list[str]:
     heads = [f"{t} tasks" for t in table["task_counts"]]
     lines = ["| method | " + " | ".join(heads) + " |", "|---|" + "---:|" * len(heads)]
     for row in table["methods"]:
-        values = [_fmt(row["cells"].get(str(t), {}).get(key)) for t in table["task_counts"]]
-        lines.append(f"| {row['label']} | " + " | ".join(values) + " |")
+        cells = [row["cells"].get(str(t), {}) for t in table["task_counts"]]
+        lines.append(f"| {row['label']} | " + " | ".join(_fmt(c.get(key)) for c in cells) + " |")
+        if any("network" in c for c in cells):  # the rule's accuracy above, the network's own output here
+            values = [_fmt(c.get("network", {}).get(key)) for c in cells]
+            lines.append(f"| {row['label']}, network output | " + " | ".join(values) + " |")
     return lines
 
 

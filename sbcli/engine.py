@@ -1,7 +1,8 @@
 """The one training loop. A method describes its phases; the engine runs them.
 
 Per phase: a fresh SGD (Nesterov) optimiser, a multi-step schedule whose milestones scale with
-the phase's epochs (60/120/160 of 200 by default), batches drawn by permutation from
+the phase's epochs (60/120/160 of 200 by default) after an optional linear warm-up
+(:mod:`sbcli.schedule`), batches drawn by permutation from
 device-resident uint8 images, augmentation on the device, the teacher's forward in the same
 step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autocast wherever the
 device computes in bf16 natively (see :func:`native_bf16`; ``TrainConfig.precision`` overrides it),
@@ -24,56 +25,63 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from sbcli import distributed
+from sbcli import distributed, schedule
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
+from sbcli.device import (
+    PRECISIONS,
+    compute_threads,
+    cudnn_autotune,
+    native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
+    uses_bf16,
+)
 from sbcli.errors import ConfigError
+from sbcli.schedule import PhaseSchedule
+from sbcli.selection import PhaseSelection, Validator
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation settings shared by every phase (defaults: the authors' schedule, spec section 6)."""
+    """Optimisation settings shared by every phase (defaults: the authors' schedule, spec section 6).
+
+    Each field is a CLI option of the same name (``--weight-decay``) and a recipe key
+    (:mod:`sbcli.config`), and is recorded in the learner's ``train_config``.
+    """
 
     epochs: int = 200  # every phase: 200 epochs with a fresh optimiser
     batch_size: int = 256
     lr: float = 0.1
     momentum: float = 0.9
+    nesterov: bool = True  # authors' code: SGD with Nesterov momentum
     weight_decay: float = 5e-4
     milestones: tuple[float, ...] = (0.3, 0.6, 0.8)  # 60/120/160 of 200 epochs
-    lr_decay: float = 0.1
+    lr_decay: float = 0.1  # the schedule's gamma at every milestone
+    drop_last: bool = True  # authors' code: an epoch drops its last partial batch (unless it is the only one)
     compile: bool = False  # torch.compile the student and the teacher (once per phase; slower to start)
     eval_batch_size: int = 1024
     precision: str = "auto"  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
+    threads: int | None = None  # CPU compute threads while training and evaluating; None: torch's default
+    warmup_epochs: float = 0.0  # linear lr warm-up at the start of every phase (sbcli.schedule); 0: the paper's
+    zero_init_residual: bool = False  # last BN of each residual block starts at 0 (each block the identity)
+    val_fraction: float = 0.0  # held out of each step's data to pick every phase's best epoch (sbcli.selection)
+    val_every: int = 0  # epochs between validation scores; 0: a fifth of the phase
 
     def __post_init__(self) -> None:
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError(f"--val-fraction {self.val_fraction} is outside [0, 1); e.g. 0.1 holds out a tenth.")
+        if self.warmup_epochs < 0:
+            raise ConfigError(f"--warmup-epochs {self.warmup_epochs} is negative; give 0 (no warm-up) or more.")
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether ``device`` computes in bf16 natively, so that bf16 autocast is faster than float32.
-
-    A CUDA GPU with bf16 units (Ampere or later), or a CPU with AVX-512 BF16 or AMX tiles (oneDNN's
-    bf16 convolutions; measured 1.7x to 2.0x the float32 step on a 2-core EPYC VM, docs/performance.md).
-    Elsewhere bf16 would be emulated, slower than float32.
-    """
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
-    if device.type == "cpu":
-        return any(getattr(torch.cpu, probe, lambda: False)()
-                   for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
-    return False
-
-
-def uses_bf16(precision: str, device: torch.device) -> bool:
-    """Whether steps run under bf16 autocast: ``auto`` means where the device has native bf16."""
-    return PRECISIONS[precision](device)
-
-
-PRECISIONS: dict[str, Callable[[torch.device], bool]] = {
-    "auto": native_bf16,
-    "bf16": lambda device: True,
-    "fp32": lambda device: False,
-}
+        if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
+            raise ConfigError("--epochs, --batch-size and --eval-batch-size must be at least 1.")
+        if self.lr <= 0 or self.momentum < 0 or self.weight_decay < 0 or not 0 < self.lr_decay <= 1:
+            raise ConfigError("--lr must be positive, --momentum and --weight-decay not negative, --lr-decay in (0, 1].")
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("Nesterov momentum needs --momentum above 0; give --momentum or --no-nesterov.")
+        if not all(0 < f <= 1 for f in self.milestones):
+            raise ConfigError(f"--milestones are fractions of a phase's epochs in (0, 1], not {self.milestones}.")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be at least 1, got {self.threads}.")
 
 
 @dataclass(frozen=True)
@@ -135,17 +143,18 @@ class PhaseReport:
 
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.SGD:
-    """SGD with Nesterov momentum and weight decay on every parameter; fused on CUDA."""
+    """SGD with momentum (Nesterov unless ``cfg.nesterov`` is off) and weight decay on every parameter; fused on CUDA."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = device.type == "cuda"
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=True,
+    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            weight_decay=cfg.weight_decay, fused=fused or None)
 
 
-def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int) -> torch.optim.lr_scheduler.MultiStepLR:
-    """Milestones at the configured fractions of the phase's epochs (60/120/160 of 200)."""
-    milestones = sorted({max(1, round(f * epochs)) for f in cfg.milestones})
-    return torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=cfg.lr_decay)
+def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int, batches_per_epoch: int) -> PhaseSchedule:
+    """Milestones at the configured fractions of the phase's epochs (60/120/160 of 200), after
+    ``cfg.warmup_epochs`` of linear warm-up."""
+    return schedule.make_schedule(opt, cfg.lr, cfg.milestones, cfg.lr_decay, epochs, batches_per_epoch,
+                                  cfg.warmup_epochs)
 
 
 class Engine:
@@ -161,11 +170,10 @@ class Engine:
         self.augment_generator = self._augment_generator(seed)
         self.on_progress = on_progress
         self.task = 0
+        self.validator: Validator | None = None  # --val-fraction: set per step, picks each phase's best epoch
         self.channels_last = True
         self.autocast = uses_bf16(cfg.precision, device)
         self.precision = "bf16" if self.autocast else "fp32"  # as run, for the progress lines and the record
-        if device.type == "cuda":
-            torch.backends.cudnn.benchmark = True  # fixed batch shapes: let cuDNN pick its fastest kernels
 
     def _augment_generator(self, seed: int) -> torch.Generator:
         """Crop/flip draws: the permutation's generator on one CPU process (as it always was),
@@ -177,21 +185,34 @@ class Engine:
     def run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
         """Train ``model`` for one phase on ``data``; the teacher (if any) runs in eval mode.
 
+        On CUDA, cuDNN autotunes its kernels for the phase (batch shapes are fixed); with
+        ``cfg.threads`` the CPU computes on that many threads. The process's own settings are
+        restored afterwards.
+        """
+        with cudnn_autotune(self.device), compute_threads(self.cfg.threads):
+            return self._run(model, data, phase)
+
+    def _run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
+        """The phase itself: optimiser, schedule, the epoch loop.
+
         Everything built here (layout, optimiser, DDP wrapper, compiled graphs) is built once per
         phase; the epoch loop only launches work and reads the loss once per epoch.
         """
         self._to_layout(model, phase.teacher)
         opt = make_optimizer(model, self.cfg, self.device)
-        sched = make_schedule(opt, self.cfg, phase.epochs)
+        sched = make_schedule(opt, self.cfg, phase.epochs, schedule.steps_per_epoch(len(data), self.cfg.batch_size,
+                                                                                 self.cfg.drop_last))
         student = self._compiled(distributed.data_parallel(model, self.device, self.dist))
         teacher = None if phase.teacher is None else self._compiled(phase.teacher.eval())
         start, seen, loss = time.perf_counter(), 0, float("nan")
+        selection = PhaseSelection.start(self.validator, model)
         for epoch in range(1, phase.epochs + 1):
             student.train()
             epoch_start = time.perf_counter()
             total, count = torch.zeros((), device=self.device), 0
-            for batch in data.batch_indices(self.cfg.batch_size, self.generator):
+            for batch in data.batch_indices(self.cfg.batch_size, self.generator, self.cfg.drop_last):
                 idx = distributed.shard(batch, self.dist)
+                sched.before_step()
                 total += self._step(student, teacher, model, data, idx, phase, opt).detach()
                 count += 1
             sched.step()
@@ -199,10 +220,13 @@ class Engine:
             n = count * min(self.cfg.batch_size, len(data))  # over all ranks
             seen += n
             self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9))
+            if selection is not None:
+                selection.after_epoch(self, model, epoch, phase.epochs)
+        extra = {} if selection is None else selection.finish(model, phase.epochs)
         distributed.broadcast_module(model, self.dist)
         seconds = time.perf_counter() - start
         return PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9),
-                           precision=self.precision, processes=self.dist.world_size)
+                           precision=self.precision, processes=self.dist.world_size, extra=extra)
 
     def _step(self, student: nn.Module, teacher: nn.Module | None, model: nn.Module, data: DeviceData,
               idx: torch.Tensor, phase: Phase, opt: torch.optim.Optimizer) -> torch.Tensor:
@@ -259,6 +283,10 @@ class Engine:
         Always in float32, whatever the training precision: what ``sb evaluate`` reports is what the
         exported ONNX model and ``sb predict`` compute, and exemplar features do not depend on it.
         """
+        with compute_threads(self.cfg.threads):
+            return self._features_or_logits(model, images, features)
+
+    def _features_or_logits(self, model: nn.Module, images: torch.Tensor, features: bool) -> torch.Tensor:
         was_training = model.training
         model.eval()
         lo, hi = distributed.shard_range(len(images), self.dist)

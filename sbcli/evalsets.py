@@ -230,8 +230,8 @@ def _known_names(tasks: list[dict]) -> list[str]:
 
 def _resized(images: ImageSet, record: dict) -> ImageSet:
     """A benchmark's test images at the resolution the learner was trained at."""
-    from sbcli.api import resize_opened
     from sbcli.data.catalog import Opened
+    from sbcli.data.shaping import resize_opened
 
     spec = {"kind": record["kind"], **({"image_size": record["image_size"]} if "image_size" in record else {})}
     return resize_opened(Opened(images, images, None), spec).test

@@ -9,11 +9,23 @@ it, and the terminal says what became of them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sbcli.errors import LearnerError
 from sbcli.learner import Learner
 from sbcli.memory import class_quotas
+
+
+@dataclass(frozen=True)
+class AddTaskOptions:
+    """What `sb add-task` may change about how a step is learned and recorded."""
+
+    epochs: int | None = None
+    method: str | None = None
+    data_roots: list[Path] = field(default_factory=list)  # where moved test sets of earlier tasks now are
+    test_sample: bool = True  # carry a sample of the new classes' test images
+    no_rehearsal: bool = False  # grow without exemplars of the old classes (a learner pulled without memory)
 
 
 def check_rehearsal(learner: Learner, where: Path, no_rehearsal: bool) -> None:

@@ -3,52 +3,40 @@
 ``wa`` and ``none`` live in the network's weights (WA is applied to the head), so their scores
 are the logits. ``bic`` folds the last step's bias layer (``extra["bic.scale"]``,
 ``extra["bic.shift"]``) into a copy of the head, so it too is a plain network. Rules that need more
-than the forward pass register a scorer here by name.
-
-A rule is best registered as a *scoring module* (:func:`register_scoring_module`): one
-``nn.Module`` from normalised images to scores, built from the model and the learner's extra
-tensors. That single definition serves ``sb evaluate``, ``sb predict`` and the ONNX export (where
-it becomes part of the graph). A rule with only an engine scorer still evaluates, but cannot be
-exported. ``nme`` (iCaRL's nearest mean of exemplars, class means in ``extra["nme.class_means"]``)
-is registered here as a module, and again as ``icarl`` (the STD training with iCaRL's loss, whose
-class means are rebuilt after every memory update by the refresh registered for it).
+than the forward pass register a *scoring module* here by name
+(:func:`register_scoring_module`): one ``nn.Module`` from normalised images to scores, built from
+the model and the learner's extra tensors. That single definition serves ``sb evaluate``,
+``sb predict`` and the ONNX export (where it becomes part of the graph). ``nme`` (iCaRL's nearest
+mean of exemplars, class means in ``extra["nme.class_means"]``) is registered here, and again as
+``icarl`` (the STD training with iCaRL's loss, whose class means are rebuilt after every memory
+update by the refresh registered for it in :data:`STATE_REFRESH`). Both registries are filled
+once, by this module's own definitions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from sbcli.engine import Engine
-from sbcli.errors import ConfigError, ExportError
+from sbcli.errors import ExportError
+from sbcli.memory import FeatureFn
 from sbcli.methods import bic, nme
 from sbcli.nets.resnet import IncrementalResNet
-
-Scorer = Callable[[IncrementalResNet, dict[str, torch.Tensor], Engine, torch.Tensor], torch.Tensor]
-SCORERS: dict[str, Scorer] = {}
-
-
-def register_scorer(name: str) -> Callable[[Scorer], Scorer]:
-    def add(fn: Scorer) -> Scorer:
-        SCORERS[name] = fn
-        return fn
-
-    return add
+from sbcli.registry import Registry
 
 
 def scores(model: IncrementalResNet, extra: dict[str, torch.Tensor], inference: str, engine: Engine,
            images: torch.Tensor) -> torch.Tensor:
     """Scores [N, C_seen] of uint8 images under the named inference rule."""
-    scorer = SCORERS.get(inference)
-    if scorer is None:
-        return engine.logits(scoring_module(model, extra, inference), images)
-    return scorer(model, extra, engine, images)
+    return engine.logits(scoring_module(model, extra, inference), images)
 
 
 ModuleBuilder = Callable[[IncrementalResNet, dict[str, torch.Tensor]], nn.Module]
-SCORING_MODULES: dict[str, ModuleBuilder] = {}
+SCORING_MODULES: Registry[ModuleBuilder] = Registry("scoring module")
 
 
 def register_scoring_module(name: str) -> Callable[[ModuleBuilder], ModuleBuilder]:
@@ -57,14 +45,7 @@ def register_scoring_module(name: str) -> Callable[[ModuleBuilder], ModuleBuilde
     Raises:
         ConfigError: the rule already has a scoring module.
     """
-
-    def add(builder: ModuleBuilder) -> ModuleBuilder:
-        if name in SCORING_MODULES:
-            raise ConfigError(f"Inference rule '{name}' has two scoring modules; register it once.")
-        SCORING_MODULES[name] = builder
-        return builder
-
-    return add
+    return SCORING_MODULES.register(name)
 
 
 def scoring_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], inference: str) -> nn.Module:
@@ -72,16 +53,15 @@ def scoring_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], inf
 
     Rules in the weights (``none``, ``wa``, ...) give the model itself. The module is in the
     model's train/eval mode.
-
-    Raises:
-        ExportError: the rule has only an engine scorer, so it has no single-module form.
     """
-    builder = SCORING_MODULES.get(inference)
-    if builder is None and inference in SCORERS:
-        raise ExportError(f"Inference rule '{inference}' is computed outside the network and has no scoring module; "
-                          "it cannot be exported or served yet (register one with register_scoring_module).")
+    builder = SCORING_MODULES.find(inference)
     module = model if builder is None else builder(model, extra)
     return module.train(model.training)
+
+
+def outside_network(inference: str) -> bool:
+    """Whether the rule scores with more than the network's own logits (a scoring module of its own)."""
+    return inference in SCORING_MODULES
 
 
 NME_MEANS = nme.MEANS_KEY  # "nme.class_means"
@@ -119,16 +99,18 @@ register_scoring_module("icarl")(nearest_mean_module)
 register_scoring_module("bic")(bic.fold_correction)
 
 
-FeatureFn = Callable[[nn.Module, torch.Tensor], torch.Tensor]
-StateRefresh = Callable[[IncrementalResNet, torch.Tensor, torch.Tensor, FeatureFn], dict[str, torch.Tensor]]
-STATE_REFRESH: dict[str, StateRefresh] = {"icarl": nme.refresh_means}
+StateRefresh = Callable[[IncrementalResNet, torch.Tensor, torch.Tensor, FeatureFn, Any], dict[str, torch.Tensor]]
+STATE_REFRESH: Registry[StateRefresh] = Registry("state refresh")
+STATE_REFRESH.register("icarl")(nme.refresh_means)
 
 
-def refresh_state(inference: str, model: IncrementalResNet, images: torch.Tensor, labels: torch.Tensor,
+def refresh_state(cfg: Any, model: IncrementalResNet, images: torch.Tensor, labels: torch.Tensor,
                   engine: Engine) -> dict[str, torch.Tensor]:
-    """The rule's state rebuilt from the exemplars ``images``/``labels`` after a memory update.
+    """The state of ``cfg.inference`` rebuilt from the exemplars ``images``/``labels`` after a memory update.
+
+    ``cfg`` is the method's Config: a refresh may read its settings (iCaRL's ``nme_flips``).
 
     Empty for rules whose state does not depend on the memory (all but ``icarl``).
     """
-    refresh = STATE_REFRESH.get(inference)
-    return {} if refresh is None else refresh(model, images, labels, engine.features)
+    refresh = STATE_REFRESH.find(cfg.inference)
+    return {} if refresh is None else refresh(model, images, labels, lambda x: engine.features(model, x), cfg)

@@ -17,7 +17,7 @@ import torch
 from sbcli.errors import ConfigError
 
 SELECTIONS = ("random", "herding", "first")
-FeatureFn = Callable[[torch.Tensor], torch.Tensor]
+FeatureFn = Callable[[torch.Tensor], torch.Tensor]  # uint8 images [N, 3, H, W] -> pooled features [N, D]
 
 
 def class_quotas(budget: int, num_classes: int) -> list[int]:

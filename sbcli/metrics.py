@@ -89,3 +89,8 @@ def summary(overall: list[float], per_task_rows: list[list[float]]) -> dict:
         "last": overall[-1] if overall else float("nan"),
         "forgetting": forgetting(acc),
     }
+
+
+def history_summary(history: list[dict]) -> dict:
+    """:func:`summary` of a learner's stored history (one entry per step, with its ``metrics``)."""
+    return summary([h["metrics"]["overall"] for h in history], [h["metrics"]["per_task"] for h in history])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Generic, TypeVar
 
 from sbcli.errors import ConfigError, UnknownNameError
@@ -31,5 +31,15 @@ class Registry(Generic[T]):
             raise UnknownNameError(self.kind, name, list(self._items))
         return self._items[name]
 
+    def find(self, name: str) -> T | None:
+        """The thing under ``name``, or None when nothing is registered under it."""
+        return self._items.get(name)
+
     def names(self) -> list[str]:
         return sorted(self._items)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())

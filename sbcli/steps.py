@@ -9,10 +9,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sbcli import selection
 from sbcli.data.device import DeviceData
 from sbcli.data.imageset import ImageSet
 from sbcli.engine import Engine
-from sbcli.inference import refresh_state, scores
+from sbcli.inference import outside_network, refresh_state, scores
 from sbcli.learner import Learner
 from sbcli.methods import METHODS, TaskContext, config_from_json
 from sbcli.methods.common import frozen_copy
@@ -31,15 +32,24 @@ class StepSummary:
     notes: list[str] = field(default_factory=list)  # what the CLI should also say (test data used, stale files)
 
 
-def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet) -> StepMetrics:
-    """Metrics of the learner's current model on ``test`` (labels in the learner's order)."""
+def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet, *, network: bool = False) -> StepMetrics:
+    """Metrics of the learner's current model on ``test`` (labels in the learner's order).
+
+    Under the learner's inference rule, or with ``network`` under the network's own output (its
+    logits, whatever the rule: what iCaRL's nearest mean or BiC's correction start from).
+    """
     if len(test) == 0:
         nan = float("nan")
         return StepMetrics(nan, [nan] * (max(learner.state.class_task) + 1), nan, nan, nan, nan)
-    method_cfg = config_from_json(learner.state.method, learner.state.method_config)
-    out = scores(learner.model, learner.extra, method_cfg.inference, engine, test.images)
-    task_of_class = learner.state.class_task
-    return step_metrics(out, test.labels, task_of_class)
+    if network:
+        out = engine.logits(learner.model, test.images)
+    else:
+        out = scores(learner.model, learner.extra, _rule(learner), engine, test.images)
+    return step_metrics(out, test.labels, learner.state.class_task)
+
+
+def _rule(learner: Learner) -> str:
+    return config_from_json(learner.state.method, learner.state.method_config).inference
 
 
 def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: list[str], engine: Engine,
@@ -57,7 +67,12 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     state.class_task.extend([step] * len(new_classes))
     if step > 0:
         learner.model.expand_classes(len(new_classes))
-    data = DeviceData.join([(train.images, train.labels), learner.memory.tensors()], engine.device)
+    fraction = state.train_config.get("val_fraction", 0.0)  # --val-fraction: held out of new images and exemplars
+    parts, held = selection.split([(train.images, train.labels), learner.memory.tensors()], fraction,
+                                  state.seed * 1000 + step)
+    data = DeviceData.join(parts, engine.device)
+    engine.validator = None if held is None else selection.Validator(
+        held[0], held[1], state.num_classes, state.train_config.get("val_every", 0))
     method = METHODS.get(state.method)
     cfg = config_from_json(state.method, state.method_config)
     engine.task = step + 1
@@ -70,12 +85,14 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     result = method.learn_task(ctx, cfg)
     learner.extra.update(result.extra_state)
     learner.memory.update(train.images, train.labels, state.num_classes, lambda x: engine.features(learner.model, x))
-    learner.extra.update(refresh_state(cfg.inference, learner.model, *learner.memory.tensors(), engine))
+    learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
     metrics = evaluate_learner(learner, engine, test)
+    entry = {"step": step + 1, "num_classes": state.num_classes, "metrics": metrics.to_json()}
+    if outside_network(cfg.inference):  # other tools report both: the rule's accuracy and the network's
+        entry["network_metrics"] = evaluate_learner(learner, engine, test, network=True).to_json()
     seconds = time.perf_counter() - start
     state.tasks.append(task_record)
-    state.history.append({"step": step + 1, "num_classes": state.num_classes, "metrics": metrics.to_json(),
-                          "phases": [p.to_json() for p in result.phases], "record": result.record,
+    state.history.append({**entry, "phases": [p.to_json() for p in result.phases], "record": result.record,
                           "seconds": round(seconds, 2)})
     return StepSummary(step + 1, state.num_classes, metrics, seconds)
 

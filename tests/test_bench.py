@@ -161,3 +161,28 @@ def test_cli_bench_precision_is_part_of_the_budget_and_compile_is_not(colors, tm
     assert resumed.exit_code == 0 and "skipped 1 finished" in resumed.output
     other = CliRunner().invoke(app, [*args[:-1], "bf16"])
     assert other.exit_code == 1 and "run.train.precision" in other.output
+
+
+def test_rules_in_the_weights_record_no_second_accuracy(finished):
+    out, _ = finished
+    table = json.loads((out / "table.json").read_text())
+    assert all("network" not in row["cells"]["2"] for row in table["methods"])  # finetune, std-wa: the network is the rule
+
+
+def test_std_icarl_cells_show_the_network_output_beside_the_nearest_mean():
+    def step(rule: float, network: float, classes: int) -> dict:
+        metrics = {"overall": rule, "per_task": [rule], "old": rule, "new": rule, "intra_old": rule, "intra_new": rule}
+        return {"num_classes": classes, "metrics": metrics, "network_metrics": {**metrics, "overall": network,
+                                                                                 "per_task": [network]}}
+
+    cell = bench.cell_summary([step(80.0, 70.0, 2), step(60.0, 40.0, 4)])
+    assert (cell["avg_2_to_T"], cell["network"]["avg_2_to_T"]) == (60.0, 40.0)
+    assert (cell["avg_1_to_T"], cell["network"]["avg_1_to_T"]) == (70.0, 55.0)
+    assert cell["network"]["accuracy"] == [70.0, 40.0]
+    budget = {"run": {"arch": "resnet18", "width": 1.0, "train": {"epochs": 1, "batch_size": 8, "lr": 0.1}, "memory": 8,
+                      "selection": "random", "seed": 0},
+              "sequence": {"source": "x", "classes": None, "image_size": None, "order_seed": 0}}
+    table = {"task_counts": [2], "budget": budget, "paper": None,
+             "methods": [{"name": "std-icarl", "label": "STD + iCaRL", "cells": {"2": cell}}]}
+    md = bench.table_markdown(table)
+    assert "| STD + iCaRL | 60.00 |" in md and "| STD + iCaRL, network output | 40.00 |" in md

@@ -116,3 +116,14 @@ def test_icarl_evaluation_uses_the_nearest_mean(icarl_learner):
     nearest = torch.cdist(torch.nn.functional.normalize(feats, dim=1), learner.extra[nme.MEANS_KEY]).argmin(1)
     expected = float((nearest == test.labels).float().mean()) * 100
     assert api.evaluate(icarl_learner, device="cpu")["metrics"]["overall"] == pytest.approx(expected)
+
+
+def test_icarl_history_records_the_network_output_beside_the_nearest_mean(icarl_learner):
+    learner = Learner.load(icarl_learner)
+    engine = Engine(TrainConfig(), torch.device("cpu"), learner.norm, 0)
+    test = api.load_test_sets(learner)
+    last = learner.state.history[-1]
+    network = float((engine.logits(learner.model, test.images).argmax(1) == test.labels).float().mean()) * 100
+    assert last["network_metrics"]["overall"] == pytest.approx(network)
+    assert last["metrics"]["overall"] == pytest.approx(api.evaluate(icarl_learner, device="cpu")["metrics"]["overall"])
+    assert all(set(h["network_metrics"]) == set(h["metrics"]) for h in learner.state.history)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from dataclasses import asdict
 from pathlib import Path
@@ -183,7 +185,13 @@ def test_metadata_describes_the_model(exported) -> None:
     assert json.loads(meta["class_tasks"]) == [0, 0, 0, 1, 1]
     assert json.loads(meta["input_size"]) == [3, SIZE, SIZE]
     assert meta["input_range"] == "[0, 1]"
-    assert json.loads(meta["normalization"].split(" (")[0]) == NORM
+    assert json.loads(meta["normalization"]) == {**NORM, "where": "inside_graph"}  # strict JSON
+    spec = json.loads(meta["preprocess"])
+    assert spec["resize"] == {"width": SIZE, "height": SIZE, "filter": "bilinear", "antialias": True,
+                              "keep_aspect_ratio": False, "reference": "Pillow Image.resize"}
+    assert spec["decode"]["jpeg_reduced_decode"] is False and spec["divide_by"] == 255.0
+    assert (spec["channel_order"], spec["layout"], spec["normalization"]["mean"]) == ("RGB", "NCHW", NORM["mean"])
+    assert (meta["sbcli_format"], meta["precision"], meta["opset"]) == ("2", "float32", str(report.opset))
     assert json.loads(meta["provenance"]) == learner.state.provenance
     assert (meta["method"], meta["inference"], meta["steps"]) == ("std", "wa", "2")
     (inp,), (out,) = session.get_inputs(), session.get_outputs()
@@ -212,14 +220,6 @@ def test_normalisation_is_inside_the_graph(exported) -> None:
     with torch.no_grad():
         raw = learner.model.eval()(torch.from_numpy((x - mean) / std)).numpy()
     np.testing.assert_allclose(run_onnx(path, x), raw, atol=1e-4, rtol=0)
-
-
-def test_rule_computed_outside_the_network_is_refused_with_a_reason(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(inference.SCORERS, "outside", lambda model, extra, engine, images: engine.logits(model, images))
-    monkeypatch.setattr(onnx_export, "inference_rule", lambda _: "outside")
-    with pytest.raises(ExportError, match="'outside' is computed outside the network"):
-        onnx_export.export_onnx(make_learner("std"), tmp_path / "x.onnx")
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_failed_parity_check_leaves_nothing(exported, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -257,3 +257,67 @@ def test_cli_prints_the_parity_check(tmp_path: Path) -> None:
 def test_cli_on_a_missing_learner_is_one_clear_line(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["export", str(tmp_path / "nope"), "-o", str(tmp_path / "m.onnx")])
     assert res.exit_code == 1 and "No learner at" in res.output and not (tmp_path / "m.onnx").exists()
+
+
+def test_half_export_is_checked_and_keeps_float32_io(tmp_path: Path) -> None:
+    """--half: fp16 weights inside, float32 in and out, parity within HALF_TOLERANCE and argmax agreement."""
+    import onnx
+
+    learner = make_learner("std", exemplars=40)
+    report = onnx_export.export_onnx(learner, tmp_path / "half.onnx", onnx_export.OnnxConfig(half=True))
+    assert report.precision == "float16"
+    assert report.parity.max_abs_diff <= onnx_export.HALF_TOLERANCE * max(1.0, report.parity.score_scale)
+    assert report.parity.argmax_agreement >= onnx_export.HALF_ARGMAX
+    proto = onnx.load(str(report.path))
+    fp16 = [t for t in proto.graph.initializer if t.data_type == onnx.TensorProto.FLOAT16]
+    assert len(fp16) > 10  # the weights are stored in fp16
+    assert report.bytes < 0.6 * onnx_export.export_onnx(learner, tmp_path / "full.onnx").bytes
+    x = images01(16, seed=3)
+    got, ref = run_onnx(report.path, x), torch_scores(learner, x)
+    assert got.dtype == np.float32 and got.shape == (16, 5)
+    np.testing.assert_allclose(got, ref, atol=onnx_export.HALF_TOLERANCE * max(1.0, float(np.abs(ref).max())), rtol=0)
+    meta = ort.InferenceSession(str(report.path), providers=["CPUExecutionProvider"]).get_modelmeta().custom_metadata_map
+    assert meta["precision"] == "float16"
+
+
+def test_half_export_refuses_a_poor_argmax_agreement(exported, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    learner, path, _ = exported
+    bad = onnx_export.Parity(50, "exemplar memory", (50, 1), max_abs_diff=1e-3, score_scale=3.0, argmax_agreement=0.9)
+    monkeypatch.setattr(onnx_export, "export_proto", lambda *args: onnx_export_load(path))
+    monkeypatch.setattr(onnx_export, "compare", lambda *args: bad)
+    with pytest.raises(ExportError, match="top-1 agrees with PyTorch on only 90.0 %"):
+        onnx_export.export_onnx(learner, tmp_path / "m.onnx", onnx_export.OnnxConfig(half=True))
+    assert list(tmp_path.iterdir()) == []
+
+
+def onnx_export_load(path: Path):
+    import onnx
+
+    return onnx.load(str(path))
+
+
+def test_opset_is_chosen_within_the_supported_range(tmp_path: Path) -> None:
+    import onnx
+
+    make_learner("std").save(tmp_path / "learner")
+    report = api.export_onnx(tmp_path / "learner", tmp_path / "m21.onnx", opset=21)
+    assert report.opset == 21
+    assert {o.version for o in onnx.load(str(report.path)).opset_import if o.domain in ("", "ai.onnx")} == {21}
+    for bad in (onnx_export.MIN_OPSET - 1, onnx_export.MAX_OPSET + 1):
+        res = CliRunner().invoke(app, ["export", str(tmp_path / "learner"), "--opset", str(bad), "-o", str(tmp_path / "x.onnx")])
+        assert res.exit_code == 1 and f"--opset {bad} is outside the supported range 18 to 25" in " ".join(res.output.split())
+        assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.parametrize(("umask", "file_mode"), [(0o022, 0o644), (0o027, 0o640)])
+def test_written_files_follow_the_umask(exported, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, umask: int,
+                                        file_mode: int) -> None:
+    learner, path, _ = exported
+    monkeypatch.setattr(onnx_export, "export_proto", lambda *args: onnx_export_load(path))  # skip re-tracing
+    old = os.umask(umask)
+    try:
+        report = onnx_export.export_onnx(learner, tmp_path / "sub" / "model.onnx")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(report.path.stat().st_mode) == file_mode
+    assert stat.S_IMODE((tmp_path / "sub").stat().st_mode) == 0o777 & ~umask

@@ -103,7 +103,7 @@ def test_channel_counts_of_every_step_of_the_paper_table(full_resnet18, dataset,
     assert part.old["classes"] == num_old
     assert part.is_split == (bf < 1)
     if bf == 1:  # not split: every channel set is wholly old
-        assert part.old["in"] == 256 and part.old["b0.mid"] == 512 and part.new("b1.mid") == 0
+        assert part.old["in"] == 256 and part.old["b0.mid"] == 512 and part.width["b1.mid"] - part.old["b1.mid"] == 0
 
 
 @pytest.mark.parametrize(("dataset", "tasks"), list(SPLIT_STEPS))
@@ -118,7 +118,7 @@ def test_which_steps_are_split(full_resnet18, dataset, tasks):
 def test_hand_worked_counts(full_resnet18):
     # CIFAR-100, 10 tasks, step 2: bf = 1.15 * 10 / 20 = 0.575 -> 294.4 and 147.2 channels.
     part = make_partition(with_classes(full_resnet18, 20), 1.15, 10)
-    assert (part.old["b0.mid"], part.old["in"], part.new("b0.out")) == (294, 147, 218)
+    assert (part.old["b0.mid"], part.old["in"], part.width["b0.out"] - part.old["b0.out"]) == (294, 147, 218)
     # Tiny-ImageNet, 5 tasks, step 4: bf = 1.35 * 120 / 160 = 1.0125 -> 1: not split.
     part = make_partition(with_classes(full_resnet18, 160), 1.35, 120)
     assert not part.is_split and part.bf == 1.0

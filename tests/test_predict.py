@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -108,13 +111,49 @@ def test_cli_json_and_table(served) -> None:
     runner = CliRunner()
     res = runner.invoke(app, ["predict", str(served["onnx"]), str(served["images"] / "img00.png"), "--json", "-k", "2"])
     assert res.exit_code == 0, res.output
-    (entry,) = json.loads(res.stdout)
+    report = json.loads(res.stdout)
+    assert (report["kind"], report["provider"], report["model"]) == ("onnx", "cpu", str(served["onnx"]))
+    (entry,) = report["predictions"]
     assert entry["image"].endswith("img00.png") and len(entry["top"]) == 2
     assert entry["top"][0]["label"] in NAMES and 0 < entry["top"][0]["probability"] <= 1
     res = runner.invoke(app, ["predict", str(served["learner"]), str(served["images"]), "--device", "cpu"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
-    assert "img00.png" in res.stdout and "top 3 of 8 images" in res.stdout
+    assert "img00.png" in res.stdout and "top 3 of 8 images (provider pytorch-cpu)" in res.stdout
     assert any(name in res.stdout for name in NAMES)
+    res = runner.invoke(app, ["predict", str(served["onnx"]), str(served["images"])], env={"COLUMNS": "200"})
+    assert res.exit_code == 0 and "(provider cpu)" in res.stdout
+
+
+def test_batches_give_the_same_answers_as_one_run(served) -> None:
+    """Batch size changes how many images go through onnxruntime at once, never the answers."""
+    whole = api.predict(served["onnx"], [served["images"]], top_k=5, batch_size=64)
+    batched = api.predict(served["onnx"], [served["images"]], top_k=5, batch_size=3)
+    assert [p.image for p in whole] == [p.image for p in batched] and len(whole) == 8
+    for a, b in zip(whole, batched, strict=True):
+        assert a.labels == b.labels
+        np.testing.assert_allclose(a.probabilities, b.probabilities, atol=1e-6)
+
+
+def test_predict_on_an_onnx_file_imports_neither_torch_nor_the_api(served) -> None:
+    """`sb predict model.onnx` runs on numpy, Pillow and onnxruntime alone (it starts fast)."""
+    code = ("import sys, runpy; sys.argv = ['sb', 'predict', sys.argv[1], sys.argv[2], '--json'];\n"
+            "try:\n    runpy.run_module('sbcli', run_name='__main__')\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.') or m == 'sbcli.api')\n"
+            "print('IMPORTED', bad, file=sys.stderr)")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    res = subprocess.run([sys.executable, "-c", code, str(served["onnx"]), str(served["images"])], check=False, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["provider"] == "cpu" and len(json.loads(res.stdout)["predictions"]) == 8
+    assert "IMPORTED []" in res.stderr
+
+
+def test_provider_options_are_checked(served) -> None:
+    runner = CliRunner()
+    res = runner.invoke(app, ["predict", str(served["onnx"]), str(served["images"]), "--provider", "gpu"])
+    assert res.exit_code == 1 and "--provider gpu is unknown" in res.output
+    res = runner.invoke(app, ["predict", str(served["learner"]), str(served["images"]), "--provider", "cpu"])
+    assert res.exit_code == 1 and "applies to .onnx files" in res.output
 
 
 def test_bad_inputs_are_one_clear_error(served, tmp_path: Path) -> None:

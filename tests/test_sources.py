@@ -15,11 +15,12 @@ import pytest
 import torch
 from PIL import Image, features
 
-from sbcli.data import sources
+from sbcli import data as data_package
 from sbcli.data.imageset import ImageSet
 from sbcli.data.sources import (
     DecodeCache,
     FolderReport,
+    decode,
     load_cifar,
     load_demo,
     load_folder,
@@ -446,7 +447,7 @@ def test_demo(train: bool, per_class: int) -> None:
 
 
 def test_demo_file_is_small() -> None:
-    path = Path(sources.__file__).parent / "demo" / "fashion_mnist_demo.npz"
+    path = Path(data_package.__file__).parent / "demo" / "fashion_mnist_demo.npz"
     assert path.stat().st_size < 3_000_000
 
 
@@ -465,7 +466,7 @@ def test_cache_second_load_does_not_decode(photo_tree: Path, tmp_path: Path, mon
     first = load_folder(photo_tree, 16, cache=cache)
     assert len(list((tmp_path / "cache").glob("*.safetensors"))) == 1
     assert not list((tmp_path / "cache").glob("*.tmp"))
-    monkeypatch.setattr(sources, "decode_image", refuse_to_decode)
+    monkeypatch.setattr(decode, "decode_image", refuse_to_decode)
     second = load_folder(photo_tree, 16, cache=cache)
     assert torch.equal(first.data.images, second.data.images) and torch.equal(first.data.labels, second.data.labels)
     assert second.data.class_names == first.data.class_names
@@ -477,7 +478,7 @@ def test_cache_second_load_does_not_decode(photo_tree: Path, tmp_path: Path, mon
 def test_cache_misses_when_the_files_change(photo_tree: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cache = DecodeCache(tmp_path / "cache")
     load_folder(photo_tree, 16, cache=cache)
-    monkeypatch.setattr(sources, "decode_image", refuse_to_decode)
+    monkeypatch.setattr(decode, "decode_image", refuse_to_decode)
     target = photo_tree / "cat" / "a.png"
     stat = target.stat()
     os.utime(target, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
@@ -508,7 +509,7 @@ def test_cache_for_tiny_imagenet_zip(tmp_path: Path, monkeypatch: pytest.MonkeyP
     archive = write_tiny_zip(tmp_path / "tiny.zip")
     cache = DecodeCache(tmp_path / "cache")
     first = load_tiny_imagenet(archive, False, cache=cache)
-    monkeypatch.setattr(sources, "decode_image", refuse_to_decode)
+    monkeypatch.setattr(decode, "decode_image", refuse_to_decode)
     second = load_tiny_imagenet(archive, False, cache=cache)
     assert torch.equal(first.images, second.images) and second.class_names == first.class_names
     with pytest.raises(AssertionError, match="decoded although"):

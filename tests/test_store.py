@@ -72,7 +72,7 @@ def test_a_crash_at_every_point_of_a_save_leaves_a_complete_learner_old_or_new(b
     points = save_points(base, tmp_path, monkeypatch)
     assert {"write:model", "fsync:model", "write:memory", "fsync:memory", "write:state", "fsync:state",
             "fsync:step-dir", "fsync:steps", "write:learner.json.tmp", "fsync:learner.json.tmp",
-            "rename:learner.json", "fsync:root", "delete:tmp", "delete:step"} <= set(points)
+            "rename:learner.json", "fsync:root", "delete:tmp", "delete:leftover-step", "delete:dropped-step"} <= set(points)
     committed_at = points.index("rename:learner.json")
     occurrences = Counter()
     for i, point in enumerate(points):
@@ -227,3 +227,80 @@ def test_a_reader_whose_files_a_writer_deleted_reads_learner_json_again(base, tm
     monkeypatch.setattr(learner_module, "open_stored", lambda path: next(calls, None) or real(path))
     again = Learner.load(target)
     assert again.state.steps == 2 and marker(again) == 2.0
+
+
+def test_a_crash_at_every_point_of_the_first_save_of_a_format_1_learner(tmp_path, monkeypatch):
+    import shutil
+
+    probe = tmp_path / "probe"
+    shutil.copytree(ZOO_V1, probe)
+    learner = Learner.load(probe)
+    fake_step(learner, 3.0)
+    seen: list[str] = []
+    monkeypatch.setattr(commit, "checkpoint", seen.append)
+    learner.save(probe)
+    monkeypatch.undo()
+    assert "delete:v1" in seen
+    committed_at, occurrences = seen.index("rename:learner.json"), Counter()
+    for i, point in enumerate(seen):
+        occurrences[point] += 1
+        target = tmp_path / f"v1-{i}"
+        shutil.copytree(ZOO_V1, target)
+        nth, hits = occurrences[point], Counter()
+
+        def crash(name, point=point, nth=nth, hits=hits):
+            hits[name] += 1
+            if name == point and hits[name] == nth:
+                raise Crash(name)
+
+        monkeypatch.setattr(commit, "checkpoint", crash)
+        with pytest.raises(Crash):
+            learner.save(target)
+        monkeypatch.undo()
+        after = Learner.load(target)
+        assert after.state.steps == (3 if i >= committed_at else 2), point
+        assert sorted(kept_steps(target)) == ([2, 3] if i >= committed_at else [2]), point
+
+
+def test_a_directory_that_cannot_be_locked_or_written_is_one_sentence(base, tmp_path, monkeypatch):
+    import filelock
+
+    from sbcli.store import lock as lock_module
+
+    target = tmp_path / "l"
+    Learner.load(base).save(target)
+
+    def read_only(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(target / ".sbcli.lock"))
+
+    monkeypatch.setattr(filelock.FileLock, "acquire", read_only)
+    with pytest.raises(LearnerError, match="Cannot lock the learner .* writable"):
+        with writer_lock(target, "add-task"):
+            pass
+    monkeypatch.undo()
+
+    def full(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(lock_module.Path, "write_text", full)
+    with pytest.raises(LearnerError, match="No space left on device"):
+        with writer_lock(target, "add-task"):
+            pass
+
+
+def test_a_full_disk_during_the_save_is_one_sentence_and_the_learner_stays(base, tmp_path, monkeypatch):
+    target = tmp_path / "l"
+    learner = Learner.load(base)
+    learner.save(target)
+    before = tree(target)
+
+    def full(path):
+        raise OSError(28, "No space left on device", str(path))
+
+    monkeypatch.setattr(commit, "fsync_file", full)
+    fake_step(learner, 2.0)
+    with pytest.raises(LearnerError, match="No space left on device.*unchanged"):
+        learner.save(target)
+    monkeypatch.undo()
+    assert {k: v for k, v in tree(target).items() if k in before} == before
+    assert Learner.load(target).state.steps == 1

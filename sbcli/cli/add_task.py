@@ -17,6 +17,7 @@ from sbcli.cli._options import (
     NoTestSampleOpt,
     TestOpt,
     TestRootsOpt,
+    WarmupOpt,
 )
 
 EPILOG = """Examples:
@@ -38,6 +39,7 @@ def add_task(
     no_test_sample: NoTestSampleOpt = False,
     no_rehearsal: Annotated[bool, typer.Option("--no-rehearsal", help="Grow a learner that holds no exemplars of its classes (pushed without --with-memory) by distillation alone.")] = False,
     keep: KeepOpt = None,
+    warmup_epochs: WarmupOpt = None,
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
@@ -53,6 +55,7 @@ def add_task(
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal)
         step = api.add_task(learner, folder, test, device=device, keep=keep, options=options,
+                            warmup_epochs=warmup_epochs,
                             on_progress=render.ProgressPrinter(5))
     if not main:
         return

@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from sbcli import __version__
-from sbcli.cli import add_task, bench, evaluate, export, predict, pull, rollback, train
+from sbcli.cli import add_task, bench, evaluate, export, predict, pull, rollback, serve, train
 
 app = typer.Typer(
     name="sb",
@@ -22,6 +22,7 @@ app.command("export", epilog=export.EPILOG)(export.export)
 app.command("predict", epilog=predict.EPILOG)(predict.predict)
 app.command("pull", epilog=pull.EPILOG)(pull.pull)
 app.command("rollback", epilog=rollback.EPILOG)(rollback.rollback)
+app.command("serve", epilog=serve.EPILOG)(serve.serve)
 
 
 @app.command("methods")

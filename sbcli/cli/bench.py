@@ -12,22 +12,8 @@ from sbcli.cli._options import (
     DATA,
     METHOD,
     OUT,
-    ArchOpt,
-    BatchSizeOpt,
-    ClassesOpt,
-    CompileOpt,
-    DataRootOpt,
-    DeviceOpt,
-    DownloadOpt,
-    EpochsOpt,
     JsonOpt,
-    LrOpt,
-    MemoryOpt,
-    OrderSeedOpt,
-    PrecisionOpt,
-    SeedOpt,
-    SelectionOpt,
-    WidthOpt,
+    with_run_options,
 )
 
 EPILOG = """Examples:
@@ -52,65 +38,39 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
         raise typer.BadParameter(f"{option} takes whole numbers separated by commas, e.g. 2,5,10.") from None
 
 
-def defaults(source: str | None) -> dict:
-    """The demo's CPU budget for the demo, the paper's budget for everything else."""
-    from sbcli.cli.train import DEMO_DEFAULTS, GLOBAL_DEFAULTS, PAPER_DEFAULTS
-
-    base = DEMO_DEFAULTS if source in (None, "demo") else PAPER_DEFAULTS
-    return {**GLOBAL_DEFAULTS, **base, "tasks": "2,5" if source in (None, "demo") else "2,5,10,20"}
-
-
 def build_plan(o: dict) -> Any:
-    """The BenchPlan of the command's options (None: the default)."""
-    from sbcli.api import RunOptions, SequenceOptions
+    """The BenchPlan of the command's options (None: the default), through the config layer."""
     from sbcli.bench import PAPER_ORDER, BenchPlan
-    from sbcli.engine import TrainConfig
+    from sbcli.config import bench_defaults, build_options
 
-    d = defaults(o["source"])
-    v = {k: d.get(k) if o.get(k) is None else o[k] for k in set(d) | set(o)}
-    order_seed = None if v["order_seed"] == -1 else v["order_seed"]
-    seq = SequenceOptions(source=v["source"], test=None if v["test"] is None else str(v["test"]), data_root=v["data_root"],
-                          download=v["download"], image_size=v["image_size"], order_seed=order_seed, classes=v["classes"])
-    train = TrainConfig(epochs=v["epochs"], batch_size=v["batch_size"], lr=v["lr"], compile=v.get("compile", False),
-                        precision=v.get("precision", "auto"))
-    run = RunOptions(arch=v["arch"], width=v["width"], train=train, memory=v["memory"], selection=v["selection"],
-                     seed=v["seed"], device=v["device"])
-    methods = PAPER_ORDER if v["methods"] is None else tuple(m.strip() for m in v["methods"].split(",") if m.strip())
-    return BenchPlan(methods, _ints(v["tasks"], "--tasks"), seq, run, rho=v["rho"])
+    o = dict(o)
+    methods, tasks, rho = o.pop("methods"), o.pop("tasks"), o.pop("rho")
+    defaults = bench_defaults(o["source"])
+    seq, run, _ = build_options(o, {k: v for k, v in defaults.items() if k != "tasks"})
+    methods = PAPER_ORDER if methods is None else tuple(m.strip() for m in methods.split(",") if m.strip())
+    return BenchPlan(methods, _ints(tasks or defaults["tasks"], "--tasks"), seq, run, rho=rho)
 
 
 @friendly_errors
+@with_run_options
 def bench(
     source: Annotated[Optional[str], typer.Argument(help="demo (default), cifar100, tiny-imagenet, a Tiny-ImageNet zip/dir, or a class-per-folder directory.", show_default=False)] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Bench directory: one learner per cell, the table and the figures.", rich_help_panel=OUT)] = Path("runs/bench"),
     methods: Annotated[Optional[str], typer.Option("--methods", help="Rows, comma-separated (default: the paper's seven, " + PAPER_ROWS + "; also std: KD + CE with the plain head).", rich_help_panel=METHOD, show_default=False)] = None,
     tasks: Annotated[Optional[str], typer.Option("--tasks", help="Columns: task counts, comma-separated (default 2,5,10,20; demo 2,5).", rich_help_panel=DATA, show_default=False)] = None,
-    classes: ClassesOpt = None,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Training resolution (benchmarks are resized from their own).", rich_help_panel=DATA, show_default=False)] = None,
     test: Annotated[Optional[Path], typer.Option("--test", help="Class-per-folder test images, for a folder source.", rich_help_panel=DATA, show_default=False)] = None,
-    data_root: DataRootOpt = None,
-    download: DownloadOpt = False,
-    order_seed: OrderSeedOpt = None,
     rho: Annotated[Optional[float], typer.Option("--rho", help="S&B's rho for every column (default: the paper's value per task count).", rich_help_panel=METHOD, show_default=False)] = None,
-    arch: ArchOpt = None,
-    width: WidthOpt = None,
-    epochs: EpochsOpt = None,
-    batch_size: BatchSizeOpt = None,
-    lr: LrOpt = None,
-    memory: MemoryOpt = None,
-    selection: SelectionOpt = None,
-    compile: CompileOpt = False,
-    precision: PrecisionOpt = "auto",
-    seed: SeedOpt = None,
-    device: DeviceOpt = "auto",
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNG figures (needs matplotlib).", rich_help_panel=OUT)] = True,
     json_out: JsonOpt = False,
+    **run_options: Any,
 ) -> None:
     """Run a grid of methods x task counts with one budget (resumable); write Table 1 and Figures 3-5."""
     from sbcli.bench import run_bench
     from sbcli.cli import render
 
-    plan = build_plan({k: v for k, v in locals().items() if k not in ("out", "plots", "json_out")})
+    given = {k: v for k, v in locals().items() if k not in ("out", "plots", "json_out", "run_options")}
+    plan = build_plan({**given, **run_options})
 
     def on_cell(cell, index, count, action):
         render.ERR.print(f"[bold]cell {index}/{count}[/]: {cell.method}, {cell.tasks} tasks · {action}", highlight=False)

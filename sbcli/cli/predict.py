@@ -1,4 +1,7 @@
-"""`sb predict`: what a learner or its exported ONNX file answers for some images."""
+"""`sb predict`: what a learner or its exported ONNX file answers for some images.
+
+An .onnx file runs in onnxruntime without importing torch (nor sbcli.api), so it starts fast.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +17,12 @@ EPILOG = """Examples:
 
   sb predict model.onnx photo.jpg photos/            # table of top-3 labels
 
+  sb predict model.onnx photos/ --provider cuda      # onnxruntime-gpu's CUDA provider, or an error
+
   sb predict my-learner photos/ --top-k 1 --json      # the learner in PyTorch
 """
+
+ProviderOpt = Annotated[str, typer.Option("--provider", help="onnxruntime provider for an .onnx file: auto (TensorRT, then CUDA, then CPU, among those that load), cpu, cuda or tensorrt.")]
 
 
 @friendly_errors
@@ -24,18 +31,22 @@ def predict(
     images: Annotated[list[Path], typer.Argument(help="Image files, or folders searched for images.", show_default=False)],
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="How many labels to show per image.", rich_help_panel=OUT)] = 3,
     batch_size: Annotated[int, typer.Option("--batch-size", help="Images scored at once.")] = 64,
+    provider: ProviderOpt = "auto",
     device: DeviceOpt = "auto",
     json_out: JsonOpt = False,
 ) -> None:
     """Top-k labels with probabilities for image files or folders."""
-    from sbcli import api
     from sbcli.cli import render
+    from sbcli.serve.predict import predict as run_predict
 
-    predictions = api.predict(model, images, top_k=top_k, batch_size=batch_size, device=device)
+    report = run_predict(model, images, top_k=top_k, batch_size=batch_size, device=device, provider=provider)
     if json_out:
-        render.print_json([p.to_json() for p in predictions])
+        render.print_json(report.to_json())
         return
-    table = render.Table(title=f"{model}: top {min(top_k, len(predictions[0].labels))} of {len(predictions)} images")
+    render.ERR.print(f"{model}: {report.kind} on provider {report.provider}", highlight=False)
+    predictions = report.predictions
+    table = render.Table(title=f"{model}: top {min(top_k, len(predictions[0].labels))} of {len(predictions)} images "
+                        f"(provider {report.provider})")
     table.add_column("image")
     table.add_column("label")
     table.add_column("probability", justify="right")

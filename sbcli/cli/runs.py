@@ -1,7 +1,4 @@
-"""Turn `sb train` options into typed configs and run them, rendering as we go.
-
-Precedence: options given on the command line, then the recipe, then the source's defaults.
-"""
+"""Run a `sb train` sequence, rendering as it goes (the options become configs in :mod:`sbcli.config`)."""
 
 from __future__ import annotations
 
@@ -9,72 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.cli import render
-from sbcli.errors import ConfigError
-
-METHOD_KEYS = ("inference", "rho", "sparsity", "gamma", "bn_reset")
-# What a recipe may set: the `sb train` options that describe an experiment (plus the class order
-# as a list). Output, device and run-control flags stay on the command line.
-RECIPE_KEYS = frozenset({
-    "source", "test", "data_root", "image_size", "tasks", "base", "increment", "classes", "order_seed", "class_order",
-    "method", *METHOD_KEYS, "phase_epochs", "arch", "width", "epochs", "batch_size", "lr", "memory", "selection",
-    "seed", "recipe_path",
-})
-
-
-def _phase_epochs(value: Any) -> dict[str, int]:
-    if value is None:
-        return {}
-    parts = [p.strip() for p in str(value).split(",")]
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        raise ConfigError("--phase-epochs takes three whole numbers A,B,C, e.g. 200,200,200.")
-    return dict(zip(("epochs_a", "epochs_b", "epochs_c"), map(int, parts), strict=True))
-
-
-def merge(given: dict, defaults: dict) -> dict:
-    """Given options over the recipe over the defaults (None means not given)."""
-    from sbcli.recipes import load_recipe
-
-    recipe = load_recipe(given["recipe"], given["source"]) if given.get("recipe") else {}
-    unknown = sorted(set(recipe) - RECIPE_KEYS)
-    if unknown:
-        raise ConfigError(f"Recipe {recipe['recipe_path']} sets {', '.join(unknown)}, which are not `sb train` "
-                          "options a recipe may set; rename or remove them.")
-    merged = dict(defaults)
-    merged.update({k: v for k, v in recipe.items() if k != "source"})
-    merged.update({k: v for k, v in given.items() if v is not None})
-    if recipe.get("source") and given.get("source") not in (None, recipe["source"]):
-        raise ConfigError(f"Recipe {given['recipe']} is for {recipe['source']}, not {given['source']}; drop one of them.")
-    merged["source"] = given.get("source") or recipe.get("source")
-    return merged
-
-
-def build_options(given: dict, defaults: dict):
-    """(SequenceOptions, RunOptions, out) from the command's options."""
-    from sbcli.api import RunOptions, SequenceOptions
-    from sbcli.engine import TrainConfig
-
-    o = merge(given, defaults)
-    method_options = {k: o.get(k) for k in METHOD_KEYS} | _phase_epochs(o.get("phase_epochs"))
-    order_seed = None if o["order_seed"] == -1 else o["order_seed"]
-    seq = SequenceOptions(source=o["source"], test=_str(o.get("test")), data_root=o.get("data_root"),
-                          download=o.get("download", False), image_size=o.get("image_size"),
-                          tasks=None if o.get("base") else o.get("tasks"), base=o.get("base"),
-                          increment=o.get("increment"), order_seed=order_seed, class_order=o.get("class_order"),
-                          classes=o.get("classes"), test_sample=not o.get("no_test_sample", False))
-    train = TrainConfig(epochs=o["epochs"], batch_size=o["batch_size"], lr=o["lr"], compile=o.get("compile", False),
-                        precision=o.get("precision", "auto"))
-    run = RunOptions(method=o["method"], method_options=method_options, arch=o["arch"], width=o["width"], train=train,
-                     memory=o["memory"], selection=o["selection"], seed=o["seed"], device=o.get("device", "auto"))
-    return seq, run, Path(o["out"])
-
-
-def _str(value: Any) -> str | None:
-    return None if value is None else str(value)
+from sbcli.config import build_options, merge  # noqa: F401  (their old home; the config layer owns them)
 
 
 def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool, keep: int | None = None) -> None:
     from sbcli import api, distributed
-    from sbcli.metrics import summary
+    from sbcli.metrics import history_summary
 
     every = max(1, run.train.epochs // 10)
     main = distributed.is_main_process()  # under torchrun, rank 0 alone prints
@@ -86,7 +23,7 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
     if not main:
         return
     history = learner.state.history
-    result = summary([h["metrics"]["overall"] for h in history], [h["metrics"]["per_task"] for h in history])
+    result = history_summary(history)
     if json_out:
         render.print_json({"learner": str(out), "history": history, "summary": result})
         return
@@ -95,4 +32,17 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
     if ablation is not None:
         render.OUT.print(ablation)
     render.OUT.print(render.summary_table(result))
+    render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
     render.OUT.print(f"Learner saved to {out}; add classes with `sb add-task {out} FOLDER --test FOLDER`.")
+
+
+def closing_line(history: list[dict]) -> str:
+    """What the last step's numbers mean, in one line: against chance, and old classes against new ones."""
+    last, seen = history[-1]["metrics"], history[-1]["num_classes"]
+    new = seen - (history[-2]["num_classes"] if len(history) > 1 else 0)
+    text = (f"After step {len(history)}: {last['overall']:.1f} % of the test images right over all {seen} classes "
+            f"seen (chance {100 / seen:.1f} %)")
+    if len(history) == 1 or last["old"] != last["old"]:  # one task, or no old-class test images
+        return text + "."
+    return (f"{text}; {last['old']:.1f} % on the {seen - new} old classes (what was kept), {last['new']:.1f} % "
+            f"on the {new} new ones (what was learned).")

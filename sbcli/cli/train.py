@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -12,25 +12,14 @@ from sbcli.cli._options import (
     DATA,
     METHOD,
     OUT,
-    ArchOpt,
-    BatchSizeOpt,
-    ClassesOpt,
-    CompileOpt,
-    DataRootOpt,
-    DeviceOpt,
-    DownloadOpt,
-    EpochsOpt,
+    FirstTaskRulesOpt,
     JsonOpt,
     KeepOpt,
-    LrOpt,
-    MemoryOpt,
     NoTestSampleOpt,
-    OrderSeedOpt,
-    PrecisionOpt,
-    SeedOpt,
-    SelectionOpt,
+    PretrainedHashOpt,
+    PretrainedOpt,
     TestOpt,
-    WidthOpt,
+    with_run_options,
 )
 
 EPILOG = """Examples:
@@ -42,62 +31,49 @@ EPILOG = """Examples:
   sb train ./photos/train --test ./photos/val --out my-learner
 """
 
-# What a run uses when an option is not given: the paper's settings for benchmarks, and a
-# CPU-sized budget for the bundled demo so that `sb train` alone ends in a few minutes.
-GLOBAL_DEFAULTS = {"method": "sb", "arch": "resnet18", "lr": 0.1, "selection": "random", "seed": 0, "order_seed": 0}
-DEMO_DEFAULTS = {"tasks": 5, "width": 0.25, "epochs": 4, "batch_size": 64, "memory": 200}
-PAPER_DEFAULTS = {"tasks": 10, "width": 1.0, "epochs": 200, "batch_size": 256, "memory": 2000}
-FOLDER_DEFAULTS = {"tasks": 1, "width": 1.0, "epochs": 30, "batch_size": 128, "memory": 2000}
-
-
 def defaults_for(source: str | None) -> dict:
-    if source in (None, "demo"):
-        return {**GLOBAL_DEFAULTS, **DEMO_DEFAULTS}
-    if source in ("cifar10", "cifar100", "tiny-imagenet"):
-        return {**GLOBAL_DEFAULTS, **PAPER_DEFAULTS}
-    return {**GLOBAL_DEFAULTS, **FOLDER_DEFAULTS}
+    """A source's defaults; they live in :func:`sbcli.config.defaults_for` (this name is kept for its callers)."""
+    from sbcli.config import defaults_for as config_defaults
+
+    return config_defaults(source)
 
 
 @friendly_errors
+@with_run_options
 def train(
     source: Annotated[Optional[str], typer.Argument(help="demo (default), cifar10, cifar100, tiny-imagenet, a Tiny-ImageNet zip/dir, or a class-per-folder directory.", show_default=False)] = None,
     test: TestOpt = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Learner directory to write.", rich_help_panel=OUT)] = Path("runs/learner"),
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sequence in --out from its last completed step.", rich_help_panel=OUT)] = False,
     keep: KeepOpt = None,
-    data_root: DataRootOpt = None,
-    download: DownloadOpt = False,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Training resolution for folders (default 32).", rich_help_panel=DATA, show_default=False)] = None,
     tasks: Annotated[Optional[int], typer.Option("--tasks", help="Number of equal-size tasks.", rich_help_panel=DATA, show_default=False)] = None,
     base: Annotated[Optional[int], typer.Option("--base", help="Classes of the first task (then --increment per task).", rich_help_panel=DATA, show_default=False)] = None,
     increment: Annotated[Optional[int], typer.Option("--increment", help="Classes of every later task.", rich_help_panel=DATA, show_default=False)] = None,
-    classes: ClassesOpt = None,
     no_test_sample: NoTestSampleOpt = False,
-    order_seed: OrderSeedOpt = None,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="A named recipe (e.g. paper-10) or a recipe .toml file; options given override it.", rich_help_panel=METHOD, show_default=False)] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="sb (default), std, finetune, ... (`sb methods` lists them).", rich_help_panel=METHOD, show_default=False)] = None,
-    inference: Annotated[Optional[str], typer.Option("--inference", help="wa or none (std, sb); more with other methods.", rich_help_panel=METHOD, show_default=False)] = None,
+    inference: Annotated[Optional[str], typer.Option("--inference", help="Inference rule: sb and dd take wa or none; std takes wa, bic, icarl or none (default wa).", rich_help_panel=METHOD, show_default=False)] = None,
     rho: Annotated[Optional[float], typer.Option("--rho", help="sb: split ratio factor (paper 1.0 to 1.4).", rich_help_panel=METHOD, show_default=False)] = None,
     sparsity: Annotated[Optional[str], typer.Option("--sparsity", help="sb: 'code' (authors' group lasso) or 'paper'.", rich_help_panel=METHOD, show_default=False)] = None,
-    gamma: Annotated[Optional[float], typer.Option("--gamma", help="sb: weight of the sparsity penalty.", rich_help_panel=METHOD, show_default=False)] = None,
+    gamma: Annotated[Optional[float], typer.Option("--gamma", help="sb: weight of the sparsity penalty (default 1 with --sparsity code, 0.0115 with paper).", rich_help_panel=METHOD, show_default=False)] = None,
     bn_reset: Annotated[Optional[bool], typer.Option("--bn-reset/--no-bn-reset", help="sb: reset stage-4 BatchNorm at disconnect and bridge (authors' code).", rich_help_panel=METHOD, show_default=False)] = None,
     phase_epochs: Annotated[Optional[str], typer.Option("--phase-epochs", help="sb: epochs of phases A,B,C, e.g. 200,200,200.", rich_help_panel=METHOD, show_default=False)] = None,
-    arch: ArchOpt = None,
-    width: WidthOpt = None,
-    epochs: EpochsOpt = None,
-    batch_size: BatchSizeOpt = None,
-    lr: LrOpt = None,
-    memory: MemoryOpt = None,
-    selection: SelectionOpt = None,
-    compile: CompileOpt = False,
-    precision: PrecisionOpt = "auto",
-    seed: SeedOpt = None,
-    device: DeviceOpt = "auto",
+    first_task_rules: FirstTaskRulesOpt = None,
+    bic_val_fraction: Annotated[Optional[float], typer.Option("--bic-val-fraction", help="std --inference bic: share of each class's exemplar quota held out to fit the bias layer (default 0.1).", rich_help_panel=METHOD, show_default=False)] = None,
+    aux_epochs: Annotated[Optional[int], typer.Option("--aux-epochs", help="dd: epochs of the temporary new-task network (default: --epochs).", rich_help_panel=METHOD, show_default=False)] = None,
+    aux_head_rules: Annotated[Optional[bool], typer.Option("--aux-head-rules/--no-aux-head-rules", help="dd: train the temporary network with step 1's head rules (default off: plain CE).", rich_help_panel=METHOD, show_default=False)] = None,
+    wa_clip: Annotated[Optional[bool], typer.Option("--wa-clip/--no-wa-clip", help="std, dd with --inference wa: clip negative head weights in every step, as WA's authors (default off: step 1 only, as S&B's code).", rich_help_panel=METHOD, show_default=False)] = None,
+    nme_flips: Annotated[Optional[bool], typer.Option("--nme-flips/--no-nme-flips", help="std --inference icarl: class means over the exemplars and their flips (default on, iCaRL's code; off: PyCIL).", rich_help_panel=METHOD, show_default=False)] = None,
+    pretrained: PretrainedOpt = None,
+    pretrained_sha256: PretrainedHashOpt = None,
     json_out: JsonOpt = False,
+    **run_options: Any,
 ) -> None:
     """Start a learner: learn a task sequence and save it after every step."""
-    from sbcli.cli.runs import build_options, run_training
+    from sbcli.cli.runs import run_training
+    from sbcli.config import build_options
 
-    given = {k: v for k, v in locals().items() if k not in ("json_out", "keep")}
-    seq, run, out_dir = build_options(given, defaults_for(source))
+    given = {k: v for k, v in locals().items() if k not in ("json_out", "run_options", "keep")}
+    seq, run, out_dir = build_options({**given, **run_options})
     run_training(seq, run, out_dir, resume=resume, keep=keep, json_out=json_out)

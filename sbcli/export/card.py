@@ -22,7 +22,7 @@ from typing import Any
 from sbcli import __version__
 from sbcli.data.records import public_record
 from sbcli.learner import LearnerState
-from sbcli.metrics import summary
+from sbcli.metrics import history_summary
 
 METHOD_NAMES = {
     "sb": "Split-and-Bridge (Kim & Choi, AAAI 2021)",
@@ -148,7 +148,7 @@ def accuracy_table(history: Iterable[dict]) -> str:
 
 
 def summary_line(history: list[dict]) -> str:
-    s = summary([h["metrics"]["overall"] for h in history], [h["metrics"]["per_task"] for h in history])
+    s = history_summary(history)
     return (f"Average incremental accuracy {_pct(s['avg_incremental_2_to_T'])} % over steps 2..T (the paper's), "
             f"{_pct(s['avg_incremental_1_to_T'])} % over 1..T; last step {_pct(s['last'])} %; "
             f"forgetting {_pct(s['forgetting'])} points.")
@@ -161,6 +161,7 @@ def settings_block(state: LearnerState, inference: str) -> str:
         f"- method: `{state.method}`: {METHOD_NAMES.get(state.method, state.method)}",
         f"- inference: `{inference}`: {INFERENCE_NAMES.get(inference, inference)}",
         f"- network: {state.arch}, width x{state.width}, input {state.image_size}x{state.image_size} RGB",
+        *([f"- pretrained backbone: `{json.dumps(state.provenance['pretrained'])}`"] if "pretrained" in state.provenance else []),
         f"- normalisation: mean {norm['mean']}, std {norm['std']}",
         f"- method hyperparameters: `{json.dumps(state.method_config)}`",
         f"- training: `{json.dumps(state.train_config)}`",

@@ -7,15 +7,22 @@ registered rule such as BiC or nearest-mean with its tensors as constants) -> sc
 class seen, in the learner's label order (output ``logits``).
 
 Metadata (``metadata_props``; onnxruntime's ``custom_metadata_map``) holds the class names, their
-tasks, the input size and range, the normalisation applied inside, the method, the inference rule
-and the learner's provenance, all as strings (JSON for lists and tables).
+tasks, the input size and range, the preprocessing as strict JSON (decode, resize filter, channel
+order, scaling; :mod:`sbcli.serve.preprocess` implements it), the normalisation applied inside, the
+precision, the method, the inference rule and the learner's provenance, all as strings (JSON for
+lists and tables).
+
+``half=True`` stores fp16 weights and computes in fp16; the input and output stay float32 (cast
+inside the graph), so clients do not change. Its parity tolerance is :data:`HALF_TOLERANCE`.
 
 A file is only reported written after it ran in onnxruntime on exemplar-memory images and matched
-PyTorch; a failed check leaves nothing at the output path.
+PyTorch; a failed check leaves nothing at the output path. Written files follow the umask (0644
+under the usual 022), so a server running as another user can read them.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -33,11 +40,20 @@ from sbcli.errors import ExportError
 from sbcli.inference import scoring_module
 from sbcli.learner import Learner
 from sbcli.methods import config_from_json
+from sbcli.serve import preprocess
+from sbcli.serve.model import OnnxMeta, parse_metadata  # noqa: F401  (kept importable from here)
+from sbcli.serve.providers import require_onnxruntime
 
 INPUT_NAME = "images"
 OUTPUT_NAME = "logits"
-META_FORMAT = "1"
-EXTRA_HINT = 'install the ONNX extra: pip install "sbcli[onnx]"'
+META_FORMAT = "2"  # 2: strict-JSON `preprocess` and `normalization`, `precision`, `opset`
+EXTRA_HINT = 'install the ONNX extra: pip install "sbcli[onnx]" (or "sbcli[onnx-gpu]")'
+#: Opsets that this release exported and checked in onnxruntime (torch's exporter starts at 18).
+MIN_OPSET, MAX_OPSET = 18, 25
+#: fp16 parity: |ONNX fp16 - PyTorch fp32| <= HALF_TOLERANCE * max(1, largest |score|), and the
+#: argmax agrees on at least HALF_ARGMAX of the check images (near-ties may flip in fp16).
+HALF_TOLERANCE = 2e-2
+HALF_ARGMAX = 0.98
 
 
 @dataclass(frozen=True)
@@ -48,12 +64,19 @@ class OnnxConfig:
         tolerance: the largest allowed |ONNX - PyTorch| score difference, relative to
             max(1, largest |score|); the issue asks for 1e-4.
         check_images: at most this many exemplar images are compared.
-        opset: ONNX opset; None lets torch pick its default (18 with torch 2.14).
+        opset: ONNX opset in [MIN_OPSET, MAX_OPSET]; None lets torch pick its default (opset 20 with torch 2.14).
+        half: fp16 weights and compute (float32 input and output); checked with HALF_TOLERANCE.
     """
 
     tolerance: float = 1e-4
     check_images: int = 256
     opset: int | None = None
+    half: bool = False
+
+    def __post_init__(self) -> None:
+        if self.opset is not None and not MIN_OPSET <= self.opset <= MAX_OPSET:
+            raise ExportError(f"--opset {self.opset} is outside the supported range {MIN_OPSET} to {MAX_OPSET}; "
+                              "choose one in it, or leave it out for the exporter's default.")
 
 
 @dataclass(frozen=True)
@@ -83,10 +106,13 @@ class OnnxReport:
     image_size: int
     inference: str
     parity: Parity
+    precision: str = "float32"
+    opset: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {"path": str(self.path), "bytes": self.bytes, "num_classes": self.num_classes,
-                "image_size": self.image_size, "inference": self.inference, "parity": self.parity.to_json()}
+                "image_size": self.image_size, "inference": self.inference, "precision": self.precision,
+                "opset": self.opset, "parity": self.parity.to_json()}
 
 
 class ServingModel(nn.Module):
@@ -100,6 +126,18 @@ class ServingModel(nn.Module):
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.scorer((images - self.mean) / self.std)
+
+
+class HalfModel(nn.Module):
+    """A ServingModel in fp16: float32 images in, cast to fp16, float32 scores out."""
+
+    def __init__(self, model: ServingModel) -> None:
+        super().__init__()
+        self.model = copy.deepcopy(model).half()
+        self.eval()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.model(images.to(torch.float16)).float()
 
 
 def inference_rule(learner: Learner) -> str:
@@ -119,9 +157,10 @@ def serving_model(learner: Learner) -> ServingModel:
     return ServingModel(scorer, learner.norm).eval()
 
 
-def metadata(learner: Learner) -> dict[str, str]:
-    """The strings stored in the model's ``metadata_props``."""
+def metadata(learner: Learner, cfg: OnnxConfig = OnnxConfig()) -> dict[str, str]:
+    """The strings stored in the model's ``metadata_props`` (JSON where structured, strict)."""
     s = learner.state
+    spec = preprocess.for_model(s.image_size, s.normalization)
     return {
         "sbcli_format": META_FORMAT,
         "sbcli_version": __version__,
@@ -131,7 +170,10 @@ def metadata(learner: Learner) -> dict[str, str]:
         "input_size": json.dumps([3, s.image_size, s.image_size]),
         "input_range": "[0, 1]",
         "input_layout": "NCHW, RGB, float32, any batch size",
-        "normalization": json.dumps(s.normalization) + " (applied inside the graph)",
+        "preprocess": json.dumps(spec.to_json()),
+        "normalization": json.dumps({"mean": list(s.normalization["mean"]), "std": list(s.normalization["std"]),
+                                     "where": "inside_graph"}),
+        "precision": "float16" if cfg.half else "float32",
         "output": f"{OUTPUT_NAME}: scores [batch, {s.num_classes}] over class_names; the highest is the prediction",
         "method": s.method,
         "inference": inference_rule(learner),
@@ -149,16 +191,7 @@ def _require_onnx() -> None:
             raise ExportError(f"ONNX export needs the '{name}' package; {EXTRA_HINT}.") from err
 
 
-def require_onnxruntime() -> Any:
-    """The onnxruntime module, or ExportError naming the extra to install."""
-    try:
-        import onnxruntime
-    except ImportError as err:
-        raise ExportError(f"Running an ONNX model needs onnxruntime; {EXTRA_HINT}.") from err
-    return onnxruntime
-
-
-def export_proto(model: ServingModel, image_size: int, cfg: OnnxConfig) -> Any:
+def export_proto(model: nn.Module, image_size: int, cfg: OnnxConfig) -> Any:
     """Trace ``model`` into an ``onnx.ModelProto`` with a dynamic batch axis (no file written)."""
     example = torch.rand(2, 3, image_size, image_size)
     batch = torch.export.Dim("batch")
@@ -240,8 +273,10 @@ def export_onnx(learner: Learner, out: Path, cfg: OnnxConfig = OnnxConfig()) -> 
 
     out = Path(out)
     model = serving_model(learner)
-    proto = export_proto(model, learner.state.image_size, cfg)
-    add_metadata(proto, metadata(learner), learner.state.steps)
+    proto = export_proto(HalfModel(model) if cfg.half else model, learner.state.image_size, cfg)
+    meta = metadata(learner, cfg)
+    meta["opset"] = str(next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")))
+    add_metadata(proto, meta, learner.state.steps)
     onnx.checker.check_model(proto)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
@@ -249,42 +284,36 @@ def export_onnx(learner: Learner, out: Path, cfg: OnnxConfig = OnnxConfig()) -> 
     tmp = Path(tmp_name)
     try:
         onnx.save_model(proto, str(tmp))
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; follow the umask like open() does
         parity = compare(model, tmp, *check_images(learner, cfg.check_images))
-        _require_parity(parity, cfg.tolerance)
+        _require_parity(parity, cfg)
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
     return OnnxReport(out, out.stat().st_size, learner.state.num_classes, learner.state.image_size,
-                      inference_rule(learner), parity)
+                      inference_rule(learner), parity, meta["precision"], int(meta["opset"]))
 
 
-def _require_parity(parity: Parity, tolerance: float) -> None:
+def _require_parity(parity: Parity, cfg: OnnxConfig) -> None:
+    tolerance = max(cfg.tolerance, HALF_TOLERANCE) if cfg.half else cfg.tolerance
     limit = tolerance * max(1.0, parity.score_scale)
     if not parity.max_abs_diff <= limit:  # also catches NaN
         raise ExportError(f"The ONNX model's scores differ from PyTorch by {parity.max_abs_diff:.3g} (allowed {limit:.3g}) "
                           "on the check images; nothing was written. Report this with the learner attached.")
+    if cfg.half and not parity.argmax_agreement >= HALF_ARGMAX:
+        raise ExportError(f"The fp16 ONNX model's top-1 agrees with PyTorch on only {100 * parity.argmax_agreement:.1f} % "
+                          f"of the check images (at least {100 * HALF_ARGMAX:.0f} % needed); nothing was written. "
+                          "Export without --half.")
 
 
-@dataclass(frozen=True)
-class OnnxMeta:
-    """What a served model needs from an sbcli ONNX file's metadata."""
-
-    class_names: list[str]
-    image_size: int
-    input_name: str
-    output_name: str
-    raw: dict[str, str]
-
-
-def read_metadata(session: Any, path: Path) -> OnnxMeta:
-    """Class names and input size from an onnxruntime session of an sbcli export.
-
-    Raises:
-        ExportError: the file was not written by ``sb export`` (no class names in its metadata).
-    """
-    raw = dict(session.get_modelmeta().custom_metadata_map)
-    if "class_names" not in raw or "input_size" not in raw:
-        raise ExportError(f"{path} has no sbcli metadata (class names, input size); export it with `sb export`.")
-    size = json.loads(raw["input_size"])[-1]
-    input_name = raw.get("input_name", session.get_inputs()[0].name)
-    return OnnxMeta(json.loads(raw["class_names"]), int(size), input_name, session.get_outputs()[0].name, raw)
+def current_umask() -> int:
+    """This process's umask, read without changing it where Linux shows it (else set and restored)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask

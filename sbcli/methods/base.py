@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -61,15 +61,6 @@ class TaskResult:
     phases: list[PhaseReport] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
     extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-class Method(Protocol):
-    """A registered method: its Config class and how it learns one task."""
-
-    Config: type
-    name: str
-
-    def learn_task(self, ctx: TaskContext, cfg: Any) -> TaskResult: ...
 
 
 @dataclass(frozen=True)

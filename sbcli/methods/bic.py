@@ -24,10 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from sbcli.data.device import DeviceData
-from sbcli.engine import Phase, StepOutputs
+from sbcli.engine import Phase
 from sbcli.errors import ConfigError, LearnerError
-from sbcli.losses import ce_loss, kd_ce_loss
+from sbcli.losses import ce_loss
 from sbcli.methods.base import TaskContext, TaskResult
+from sbcli.methods.common import kd_ce
 from sbcli.metrics import top1
 from sbcli.nets.resnet import IncrementalResNet
 
@@ -122,24 +123,15 @@ def carve_validation(data: DeviceData, num_classes: int, per_class: int,
     return rest, DeviceData(data.images[val.to(device)], data.labels[val.to(device)])
 
 
-def std_loss_against(num_old: int, lam: float):
-    """The STD loss, lambda * KD + (1 - lambda) * CE, with the teacher's old logits."""
-
-    def loss(out: StepOutputs) -> torch.Tensor:
-        return kd_ce_loss(out.logits, out.targets, out.teacher_logits[:, :num_old], lam)
-
-    return loss
-
-
 def learn_bic_step(ctx: TaskContext, cfg: BiasTraining) -> TaskResult:
     """One incremental step of STD + BiC: hold out validation, train, fit the bias layer."""
     if ctx.memory_budget < ctx.num_total:
         raise ConfigError("--inference bic fits its bias layer on held-out exemplars; give --memory of at least "
-                          f"two exemplars per class (more than {ctx.num_total}).")
+                          f"one exemplar per class seen ({ctx.num_total}), better several.")
     per_class = validation_per_class(ctx.memory_budget, ctx.num_total, cfg.val_fraction)
     train, val = carve_validation(ctx.data, ctx.num_total, per_class, ctx.engine.generator)
     teacher = fold_correction(ctx.teacher, ctx.extra).eval()
-    phase = Phase("std", std_loss_against(ctx.num_old, ctx.lam), ctx.epochs, teacher=teacher)
+    phase = Phase("std", kd_ce(ctx.num_old, ctx.lam), ctx.epochs, teacher=teacher)
     report = ctx.engine.run(ctx.model, train, phase)
     logits = ctx.engine.logits(ctx.model, val.images)
     labels = val.labels.cpu()

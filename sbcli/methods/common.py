@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import torch
 from torch import nn
 
-from sbcli.engine import Phase, StepOutputs
-from sbcli.losses import ce_loss
+from sbcli.engine import LossFn, Phase, StepOutputs
+from sbcli.losses import ce_loss, kd_ce_loss
 from sbcli.methods.base import TaskContext, TaskResult
 from sbcli.nets.resnet import IncrementalResNet
 
@@ -50,10 +51,42 @@ def ce(out: StepOutputs) -> torch.Tensor:
     return ce_loss(out.logits, out.targets)
 
 
+def kd_ce(num_old: int, lam: float) -> LossFn:
+    """The STD loss, lambda * KD(the teacher's old logits) + (1 - lambda) * CE, as a phase loss."""
+
+    def loss(out: StepOutputs) -> torch.Tensor:
+        return kd_ce_loss(out.logits, out.targets, out.teacher_logits[:, :num_old], lam)
+
+    return loss
+
+
+def run_with_wa(ctx: TaskContext, phase: Phase, wa: bool, clip: bool = False) -> TaskResult:
+    """Run ``phase`` on the task; with ``wa`` the head bias is held at zero and the new rows aligned after.
+
+    With ``clip`` too, negative head weights are also clipped to zero after every optimiser step
+    (WA's authors do; the S&B authors' code clips in step 1 only). The record keeps the accuracy
+    before aligning (``before_wa``) and the factor (``wa_factor``).
+    """
+    if wa:
+        zero_head_bias(ctx.model)
+        hooks = (zero_head_bias, clip_head_weights) if clip else (zero_head_bias,)
+        phase = dataclasses.replace(phase, after_step=(*phase.after_step, *hooks))
+    result = TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
+    if wa:
+        result.record["before_wa"] = ctx.evaluate().to_json()
+        result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
+    return result
+
+
+def head_rules_phase(model: nn.Module, phase: Phase, head_rules: bool) -> Phase:
+    """``phase`` with the authors' first-task head rules when asked: bias held at zero, negative weights clipped."""
+    if not head_rules:
+        return phase
+    zero_head_bias(model)
+    return dataclasses.replace(phase, after_step=(*phase.after_step, zero_head_bias, clip_head_weights))
+
+
 def learn_first_task(ctx: TaskContext, head_rules: bool) -> TaskResult:
     """Step 1: plain CE; with ``head_rules`` the head bias stays zero and negative weights are clipped."""
-    hooks = (zero_head_bias, clip_head_weights) if head_rules else ()
-    if head_rules:
-        zero_head_bias(ctx.model)
-    report = ctx.engine.run(ctx.model, ctx.data, Phase("base", ce, ctx.epochs, after_step=hooks))
-    return TaskResult(phases=[report])
+    phase = head_rules_phase(ctx.model, Phase("base", ce, ctx.epochs), head_rules)
+    return TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])

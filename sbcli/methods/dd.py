@@ -1,7 +1,8 @@
 """DD, double distillation (spec section 10; the DMC idea of Zhang et al. 2020).
 
-An incremental step: a temporary network is trained from scratch with CE on the new task's
-images alone (its own head over the C_new new classes), then the main network learns with
+An incremental step: a temporary network is trained from scratch with plain CE on the new task's
+images alone (its own head over the C_new new classes; ``aux_head_rules`` adds step 1's head
+rules), then the main network learns with
 
     lambda * KD(model t-1, old logits) + (1 - lambda) * KD(temporary network, new logits)
     + (1 - lambda) * CE,          lambda = C_old / C_total,
@@ -23,7 +24,7 @@ from sbcli.engine import Phase, PhaseReport, StepOutputs
 from sbcli.errors import ConfigError
 from sbcli.losses import ce_loss, kd_loss
 from sbcli.methods.base import TaskContext, TaskResult, register_method
-from sbcli.methods.common import ce, learn_first_task, weight_align, zero_head_bias
+from sbcli.methods.common import ce, head_rules_phase, learn_first_task, run_with_wa
 
 INFERENCES = ("wa", "none")
 
@@ -33,10 +34,14 @@ class Config:
     inference: str = "wa"  # spec section 10: DD + WA
     first_task_rules: bool = True  # authors' code: zero head bias, clip negative head weights in step 1
     aux_epochs: int | None = None  # epochs of the temporary network; None: the run's --epochs
+    aux_head_rules: bool = False  # the temporary network trained with plain CE (DMC); True: with step 1's head rules
+    wa_clip: bool = False  # WA: clip negative head weights in every step, as WA's authors do (S&B's code: step 1 only)
 
     def __post_init__(self) -> None:
         if self.inference not in INFERENCES:
             raise ConfigError(f"--inference {self.inference} is not available for dd; choose one of {', '.join(INFERENCES)}.")
+        if self.wa_clip and self.inference != "wa":
+            raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
 
 
 class PairTeacher(nn.Module):
@@ -68,8 +73,11 @@ def new_task_data(data: DeviceData, num_old: int) -> DeviceData:
     return DeviceData(data.images[keep], data.labels[keep] - num_old)
 
 
-def train_temporary_network(ctx: TaskContext, epochs: int) -> tuple[nn.Module, PhaseReport]:
+def train_temporary_network(ctx: TaskContext, epochs: int, head_rules: bool = False) -> tuple[nn.Module, PhaseReport]:
     """A fresh network trained with CE on the new task alone, returned frozen in eval mode.
+
+    With ``head_rules`` it is trained like step 1 of the authors' code: head bias at zero,
+    negative head weights clipped.
 
     Raises:
         ConfigError: the run gives no way to build a second network.
@@ -77,7 +85,8 @@ def train_temporary_network(ctx: TaskContext, epochs: int) -> tuple[nn.Module, P
     if ctx.make_aux_model is None:
         raise ConfigError("--method dd needs a temporary network, which this run cannot build; use `sb train`.")
     aux = ctx.make_aux_model(ctx.num_total - ctx.num_old)
-    report = ctx.engine.run(aux, new_task_data(ctx.data, ctx.num_old), Phase("dd-new", ce, epochs))
+    phase = head_rules_phase(aux, Phase("dd-new", ce, epochs), head_rules)
+    report = ctx.engine.run(aux, new_task_data(ctx.data, ctx.num_old), phase)
     aux.eval()
     for p in aux.parameters():
         p.requires_grad_(False)
@@ -89,15 +98,9 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     if ctx.step == 0:
         return learn_first_task(ctx, cfg.first_task_rules)
     epochs = ctx.epochs if cfg.aux_epochs is None else cfg.aux_epochs
-    aux, aux_report = train_temporary_network(ctx, epochs)
+    aux, aux_report = train_temporary_network(ctx, epochs, cfg.aux_head_rules)
     teacher = PairTeacher(ctx.teacher, aux).eval()
-    wa = cfg.inference == "wa"
-    hooks = (zero_head_bias,) if wa else ()
-    if wa:
-        zero_head_bias(ctx.model)
-    phase = Phase("dd", double_distillation_loss(ctx.num_old, ctx.lam), ctx.epochs, teacher=teacher, after_step=hooks)
-    result = TaskResult(phases=[aux_report, ctx.engine.run(ctx.model, ctx.data, phase)])
-    if wa:
-        result.record["before_wa"] = ctx.evaluate().to_json()
-        result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
+    phase = Phase("dd", double_distillation_loss(ctx.num_old, ctx.lam), ctx.epochs, teacher=teacher)
+    result = run_with_wa(ctx, phase, cfg.inference == "wa", clip=cfg.wa_clip)
+    result.phases.insert(0, aux_report)
     return result

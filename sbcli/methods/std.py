@@ -14,10 +14,10 @@ import torch
 
 from sbcli.engine import Phase, StepOutputs
 from sbcli.errors import ConfigError
-from sbcli.losses import ce_loss, kd_ce_loss, kd_loss
+from sbcli.losses import ce_loss, kd_loss
 from sbcli.methods.base import TaskContext, TaskResult, register_method
 from sbcli.methods.bic import BiasTraining, learn_bic_step
-from sbcli.methods.common import learn_first_task, weight_align, zero_head_bias
+from sbcli.methods.common import kd_ce, learn_first_task, run_with_wa
 
 INFERENCES = ("wa", "none", "bic", "icarl")
 
@@ -27,19 +27,14 @@ class Config:
     inference: str = "wa"  # spec section 10: STD + WA is the paper's strongest STD variant
     first_task_rules: bool = True  # authors' code: zero head bias, clip negative head weights in step 1
     bic_val_fraction: float = 0.1  # BiC: a tenth of the per-class exemplar quota is held out for the bias layer
+    wa_clip: bool = False  # WA: clip negative head weights in every step, as WA's authors do (S&B's code: step 1 only)
+    nme_flips: bool = True  # iCaRL: class means over the exemplars and their flips, as iCaRL's code (PyCIL: no flips)
 
     def __post_init__(self) -> None:
         if self.inference not in INFERENCES:
             raise ConfigError(f"--inference {self.inference} is not available for std; choose one of {', '.join(INFERENCES)}.")
-
-
-def std_loss(lam: float):
-    """lambda * KD(old logits) + (1 - lambda) * CE."""
-
-    def loss(out: StepOutputs) -> torch.Tensor:
-        return kd_ce_loss(out.logits, out.targets, out.teacher_logits, lam)
-
-    return loss
+        if self.wa_clip and self.inference != "wa":
+            raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
 
 
 def icarl_loss(out: StepOutputs) -> torch.Tensor:
@@ -70,16 +65,8 @@ def _learn_icarl(ctx: TaskContext, cfg: Config) -> TaskResult:
 
 def _learn_std(ctx: TaskContext, cfg: Config) -> TaskResult:
     """The STD loss; with ``wa`` the head bias stays zero and the new rows are aligned afterwards."""
-    wa = cfg.inference == "wa"
-    hooks = (zero_head_bias,) if wa else ()
-    if wa:
-        zero_head_bias(ctx.model)
-    phase = Phase("std", std_loss(ctx.lam), ctx.epochs, teacher=ctx.teacher, after_step=hooks)
-    result = TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
-    if wa:
-        result.record["before_wa"] = ctx.evaluate().to_json()
-        result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
-    return result
+    phase = Phase("std", kd_ce(ctx.num_old, ctx.lam), ctx.epochs, teacher=ctx.teacher)
+    return run_with_wa(ctx, phase, cfg.inference == "wa", clip=cfg.wa_clip)
 
 
 STEPS = {"wa": _learn_std, "none": _learn_std, "bic": _learn_bic, "icarl": _learn_icarl}

@@ -1,20 +1,30 @@
-"""Networks: the CIFAR-style ResNets, the growing head and the Split-and-Bridge partition."""
+"""Networks: the CIFAR-style and ImageNet-style ResNets, the growing head and the Split-and-Bridge partition."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from sbcli.nets.resnet import IncrementalResNet, resnet18, resnet32
+from sbcli.nets.resnet_in import resnet18_in, resnet34_in
 from sbcli.registry import Registry
 
 MODELS: Registry[Callable[..., IncrementalResNet]] = Registry("architecture")
 MODELS.register("resnet18")(resnet18)
 MODELS.register("resnet32")(resnet32)
+MODELS.register("resnet18-in")(resnet18_in)
+MODELS.register("resnet34-in")(resnet34_in)
 
 
-def create_model(arch: str, num_classes: int, width: float = 1.0) -> IncrementalResNet:
-    """Build a registered architecture (``resnet18``, ``resnet32``) with ``num_classes`` outputs."""
-    return MODELS.get(arch)(num_classes=num_classes, width=width)
+def create_model(arch: str, num_classes: int, width: float = 1.0, zero_init_residual: bool = False) -> IncrementalResNet:
+    """Build a registered architecture (``sb train --arch``) with ``num_classes`` outputs.
+
+    ``zero_init_residual`` zeroes the last BN scale of every residual block (see
+    :meth:`IncrementalResNet.zero_init_residual`); it only changes the initial weights.
+    """
+    model = MODELS.get(arch)(num_classes=num_classes, width=width)
+    if zero_init_residual:
+        model.zero_init_residual()
+    return model
 
 
 def list_models() -> list[str]:

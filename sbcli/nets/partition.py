@@ -44,9 +44,6 @@ class Partition:
         """False when some set would have an empty new (or old) group: the step is not split."""
         return all(0 < self.old[s] < self.width[s] for s in self.old)
 
-    def new(self, channel_set: str) -> int:
-        return self.width[channel_set] - self.old[channel_set]
-
     def to_json(self) -> dict:
         return {"bf": self.bf, "old": dict(self.old), "width": dict(self.width), "is_split": self.is_split}
 

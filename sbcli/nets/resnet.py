@@ -23,8 +23,10 @@ from sbcli.nets.layers import MaskedConv2d, MaskedLinear
 class PartitionedLayer:
     """One tensor of the partitioned top: which channel sets its input and output belong to.
 
-    ``in_set`` / ``out_set`` name a channel set (e.g. ``"s3"``, ``"b0.mid"``, ``"feat"``,
-    ``"classes"``); every layer sharing a set shares its old/new split.
+    ``in_set`` / ``out_set`` name a channel set: ``"in"`` (the partitioned stage's input),
+    ``"b<i>.mid"`` (inside block i), ``"b<i>.out"`` (block i's output where it has a shortcut
+    convolution) and ``"classes"`` (the head's rows); every layer sharing a set shares its
+    old/new split.
     """
 
     name: str
@@ -34,28 +36,34 @@ class PartitionedLayer:
 
 
 class BasicBlock(nn.Module):
-    """Two 3x3 convs with BN and ReLU, plus an identity or 1x1 strided shortcut (no BN)."""
+    """Two 3x3 convs with BN and ReLU, plus an identity or 1x1 strided shortcut (no BN in the CIFAR
+    nets, as in the authors' code; with ``shortcut_bn``, a BN after it as in torchvision's ``downsample``)."""
 
-    def __init__(self, in_planes: int, planes: int, stride: int) -> None:
+    def __init__(self, in_planes: int, planes: int, stride: int, shortcut_bn: bool = False) -> None:
         super().__init__()
         self.conv1 = MaskedConv2d(in_planes, planes, 3, stride=stride, padding=1)
         self.bn1 = nn.BatchNorm2d(planes)
         self.conv2 = MaskedConv2d(planes, planes, 3, stride=1, padding=1)
         self.bn2 = nn.BatchNorm2d(planes)
         self.shortcut: MaskedConv2d | None = None
+        self.shortcut_bn: nn.BatchNorm2d | None = None
         if stride != 1 or in_planes != planes:
             self.shortcut = MaskedConv2d(in_planes, planes, 1, stride=stride)
+            if shortcut_bn:
+                self.shortcut_bn = nn.BatchNorm2d(planes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = torch.relu(self.bn1(self.conv1(x)))
         out = self.bn2(self.conv2(out))
         skip = x if self.shortcut is None else self.shortcut(x)
+        if self.shortcut_bn is not None:
+            skip = self.shortcut_bn(skip)
         return torch.relu(out + skip)
 
 
-def _stage(in_planes: int, planes: int, blocks: int, stride: int) -> nn.Sequential:
-    layers = [BasicBlock(in_planes, planes, stride)]
-    layers += [BasicBlock(planes, planes, 1) for _ in range(blocks - 1)]
+def _stage(in_planes: int, planes: int, blocks: int, stride: int, shortcut_bn: bool = False) -> nn.Sequential:
+    layers = [BasicBlock(in_planes, planes, stride, shortcut_bn)]
+    layers += [BasicBlock(planes, planes, 1, shortcut_bn) for _ in range(blocks - 1)]
     return nn.Sequential(*layers)
 
 
@@ -66,19 +74,27 @@ def _scaled(width: float, channels: int) -> int:
 class IncrementalResNet(nn.Module):
     """A CIFAR-style ResNet whose last ``split_blocks`` blocks and head can be split in two."""
 
-    def __init__(self, arch: str, widths: list[int], blocks: list[int], num_classes: int, split_blocks: int) -> None:
+    def __init__(self, arch: str, widths: list[int], blocks: list[int], num_classes: int, split_blocks: int,
+                 shortcut_bn: bool = False) -> None:
         super().__init__()
         self.arch = arch
         self.conv1 = MaskedConv2d(3, widths[0], 3, stride=1, padding=1)
         self.bn1 = nn.BatchNorm2d(widths[0])
         stages, in_planes = [], widths[0]
         for i, (planes, n) in enumerate(zip(widths, blocks, strict=True)):
-            stages.append(_stage(in_planes, planes, n, 1 if i == 0 else 2))
+            stages.append(_stage(in_planes, planes, n, 1 if i == 0 else 2, shortcut_bn))
             in_planes = planes
         self.stages = nn.Sequential(*stages)
         self.num_features = in_planes
         self.head = MaskedLinear(in_planes, num_classes)
         self.split_blocks = split_blocks
+
+    def zero_init_residual(self) -> None:
+        """Zero the last BN scale of every residual block (torchvision's ``zero_init_residual``, Goyal
+        et al. 2017): each block starts as its shortcut, the identity where it has no projection."""
+        for module in self.modules():
+            if isinstance(module, BasicBlock):
+                nn.init.zeros_(module.bn2.weight)
 
     @property
     def num_classes(self) -> int:
@@ -122,7 +138,8 @@ class IncrementalResNet(nn.Module):
 
     def split_batchnorms(self) -> list[nn.BatchNorm2d]:
         """The BatchNorm layers inside the partitioned blocks (reset by ``--bn-reset``)."""
-        return [bn for block in self.split_blocks_list() for bn in (block.bn1, block.bn2)]
+        return [bn for block in self.split_blocks_list() for bn in (block.bn1, block.bn2, block.shortcut_bn)
+                if bn is not None]
 
 
 def resnet18(num_classes: int, width: float = 1.0) -> IncrementalResNet:

@@ -200,7 +200,7 @@ def remove_leftovers(root: Path, stored: Stored | None) -> None:
     for tmp in root.glob(TMP_PREFIX + "*"):
         tmp.unlink()
         checkpoint("delete:tmp")
-    _remove_steps(root, set() if stored is None else stored.referenced())
+    _remove_steps(root, set() if stored is None else stored.referenced(), "delete:leftover-step")
 
 
 def remove_unreferenced(root: Path) -> None:
@@ -210,7 +210,7 @@ def remove_unreferenced(root: Path) -> None:
     """
     try:
         stored = read_stored(root)
-        _remove_steps(root, stored.referenced())
+        _remove_steps(root, stored.referenced(), "delete:dropped-step")
         for name in V1_FILES.values():
             if (root / name).exists() and name not in stored.referenced():
                 (root / name).unlink()
@@ -221,7 +221,7 @@ def remove_unreferenced(root: Path) -> None:
                     root, err)
 
 
-def _remove_steps(root: Path, referenced: set[str]) -> None:
+def _remove_steps(root: Path, referenced: set[str], point: str) -> None:
     steps = root / STEPS_DIR
     if not steps.is_dir():
         return
@@ -229,5 +229,5 @@ def _remove_steps(root: Path, referenced: set[str]) -> None:
     for folder in sorted(steps.iterdir()):
         if folder.name not in used and (STEP_DIR.fullmatch(folder.name) or folder.name.startswith(".")):
             shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
-            checkpoint("delete:step")
+            checkpoint(point)
     fsync_dir(steps)

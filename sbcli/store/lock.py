@@ -70,6 +70,9 @@ def writer_lock(folder: Path, command: str, *, create: bool = False, enabled: bo
     except Timeout:
         raise LearnerError(f"The learner at {folder} is being written by {describe_holder(folder)}; "
                            "wait until it ends, or stop it, and run again.") from None
+    except OSError as err:
+        raise LearnerError(f"Cannot lock the learner at {folder} for writing ({err.strerror or err}); "
+                           "check that the directory is writable.") from err
     try:
         _write_note(folder, command)
         yield
@@ -85,8 +88,14 @@ def writer_lock(folder: Path, command: str, *, create: bool = False, enabled: bo
 
 def _write_note(folder: Path, command: str) -> None:
     tmp = folder / f"{LOCK_INFO}.{os.getpid()}"
-    tmp.write_text(json.dumps(holder_note(command)), encoding="utf-8")
-    os.replace(tmp, folder / LOCK_INFO)
+    try:
+        tmp.write_text(json.dumps(holder_note(command)), encoding="utf-8")
+        os.replace(tmp, folder / LOCK_INFO)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise LearnerError(f"Cannot write to the learner at {folder} ({err.strerror or err}); "
+                           "free some space or fix its permissions, and run again.") from err
 
 
 def _remove_unborn(folder: Path) -> None:

@@ -1,0 +1,55 @@
+"""`sb serve`: an HTTP server for an exported ONNX file or a learner directory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from sbcli.cli._errors import friendly_errors
+
+NET, BATCH = "Network", "Batching and limits"
+
+EPILOG = """Examples:
+
+  sb serve model.onnx --port 8000
+
+  curl -F image=@photo.jpg http://127.0.0.1:8000/predict           # top-k labels with probabilities
+
+  sb serve my-learner --workers 2 --provider cpu                      # reloads when a new step is saved
+
+Routes: POST /predict (multipart files, JSON {"images": \\[base64, ...]} or a raw image body; ?top_k=N),
+GET /health, GET /metadata.
+"""
+
+
+@friendly_errors
+def serve(
+    model: Annotated[Path, typer.Argument(help="An .onnx file written by `sb export`, or a learner directory (exported to a cached ONNX file).", show_default=False)],
+    host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).", rich_help_panel=NET)] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="Port to listen on.", rich_help_panel=NET)] = 8000,
+    workers: Annotated[int, typer.Option("--workers", help="Server processes sharing the port, each with its own model.", rich_help_panel=NET)] = 1,
+    provider: Annotated[str, typer.Option("--provider", help="auto (TensorRT, then CUDA, then CPU, among those that load), cpu, cuda or tensorrt.")] = "auto",
+    threads: Annotated[Optional[int], typer.Option("--threads", help="onnxruntime threads per model call (default: its own choice).", show_default=False)] = None,
+    top_k: Annotated[int, typer.Option("--top-k", "-k", help="Labels per image when a request does not say.")] = 5,
+    max_batch_size: Annotated[int, typer.Option("--max-batch-size", help="Most images scored in one model call.", rich_help_panel=BATCH)] = 32,
+    max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="Longest wait for more images to fill a batch.", rich_help_panel=BATCH)] = 5.0,
+    max_request_mb: Annotated[float, typer.Option("--max-request-mb", help="Larger requests are refused (413) before they are read whole.", rich_help_panel=BATCH)] = 16.0,
+    max_images: Annotated[int, typer.Option("--max-images", help="Most images in one request.", rich_help_panel=BATCH)] = 64,
+    reload_interval: Annotated[float, typer.Option("--reload-interval", help="Seconds between checks for a changed model file or learner (0: never reload).", rich_help_panel=BATCH)] = 2.0,
+) -> None:
+    """Serve a model over HTTP: /predict, /health, /metadata, with dynamic batching and reload."""
+    from sbcli.cli import render
+    from sbcli.serve.app import ServeConfig
+    from sbcli.serve.server import Listen, prepare, run
+
+    cfg = ServeConfig(str(model), provider, top_k, max_batch_size, max_wait_ms, int(max_request_mb * 2**20),
+                      max_images, reload_interval, threads)
+    listen = Listen(host, port, workers)
+    server = prepare(cfg, listen)
+    meta = server.metadata()
+    render.ERR.print(f"Serving {model} ({len(meta['classes'])} classes, input {meta['input_size']}, provider "
+                     f"{meta['provider']}) on http://{host}:{port} with {workers} worker(s); "
+                     f"batches of up to {max_batch_size} within {max_wait_ms:g} ms", highlight=False)
+    run(server, listen)

@@ -1,0 +1,88 @@
+"""Where and in what precision work runs: device names, bf16 rules, cuDNN autotuning, CPU threads.
+
+Below the engine and the export layer, so that both (and the Python face) use the same rules
+without importing each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+
+from sbcli import distributed
+from sbcli.errors import DeviceError
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` picks CUDA when present. Raises DeviceError when CUDA is asked for and absent.
+
+    Under torchrun this joins the process group and gives this rank's device (see sbcli.distributed).
+    """
+    if name == "auto":
+        return distributed.join(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise DeviceError("--device cuda was asked for but this machine has no CUDA GPU; use --device cpu or auto.")
+    if name != "cpu" and not name.startswith("cuda"):
+        raise DeviceError(f"--device {name} is unknown; use auto, cpu or cuda.")
+    return distributed.join(torch.device(name))
+
+
+def native_bf16(device: torch.device) -> bool:
+    """Whether ``device`` computes in bf16 natively, so that bf16 autocast is faster than float32.
+
+    A CUDA GPU with bf16 units (Ampere or later), or a CPU with AVX-512 BF16 or AMX tiles (oneDNN's
+    bf16 convolutions; measured 1.7x to 2.0x the float32 step on a 2-core EPYC VM, docs/performance.md).
+    Elsewhere bf16 would be emulated, slower than float32.
+    """
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    if device.type == "cpu":
+        return any(getattr(torch.cpu, probe, lambda: False)()
+                   for probe in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+    return False
+
+
+def uses_bf16(precision: str, device: torch.device) -> bool:
+    """Whether steps run under bf16 autocast: ``auto`` means where the device has native bf16."""
+    return PRECISIONS[precision](device)
+
+
+PRECISIONS: dict[str, Callable[[torch.device], bool]] = {
+    "auto": native_bf16,
+    "bf16": lambda device: True,
+    "fp32": lambda device: False,
+}
+
+
+@contextmanager
+def cudnn_autotune(device: torch.device) -> Iterator[None]:
+    """Let cuDNN pick its fastest kernels (batch shapes are fixed) while training on CUDA, then restore.
+
+    Only for the block it wraps: the process's setting is left as it was, so that a notebook or
+    a caller's own code keeps the determinism it chose.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    before = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.benchmark = before
+
+
+@contextmanager
+def compute_threads(threads: int | None) -> Iterator[None]:
+    """Compute on ``threads`` CPU threads inside the block (None: leave torch's setting), then restore."""
+    if threads is None:
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,124 @@
+"""A Triton Inference Server model repository for a learner.
+
+``export_triton(learner, repo)`` writes, all at once or not at all::
+
+    repo/NAME/config.pbtxt     platform onnxruntime_onnx, max_batch_size, dynamic_batching,
+                               input `images` [3, S, S] FP32 NCHW, output `logits` [C] FP32
+                               with label_filename
+    repo/NAME/labels.txt       the class names, one per line, in output order
+    repo/NAME/1/model.onnx     the checked ONNX export (version 1)
+
+Triton serves it with ``tritonserver --model-repository=repo``; KServe with a ``triton`` runtime
+pointed at the same folder (see docs/export.md). With ``max_batch_size > 0`` Triton adds the batch
+axis itself, so dims leave it out. The config is written as protobuf text; the tests parse it with
+the ``model_config_pb2`` schema that ``tritonclient`` ships and check it against the ONNX graph.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sbcli.errors import ConfigError, ExportError
+from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, current_umask, export_onnx
+from sbcli.learner import Learner
+
+LABELS_FILE = "labels.txt"
+CONFIG_FILE = "config.pbtxt"
+MODEL_FILE = "model.onnx"
+
+
+@dataclass(frozen=True)
+class TritonConfig:
+    """The model's name in the repository (the API passes the learner folder's name) and its batching."""
+
+    name: str | None = None
+    max_batch_size: int = 64
+    max_queue_delay_us: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.max_queue_delay_us < 0:
+            raise ConfigError("Triton's max batch size must be at least 1 and its queue delay at least 0.")
+
+
+@dataclass(frozen=True)
+class TritonReport:
+    """What ``export_triton`` wrote."""
+
+    repository: Path
+    model_dir: Path
+    name: str
+    onnx: OnnxReport
+
+    def to_json(self) -> dict[str, Any]:
+        return {"repository": str(self.repository), "model_dir": str(self.model_dir), "name": self.name,
+                "files": [CONFIG_FILE, LABELS_FILE, f"1/{MODEL_FILE}"], "onnx": self.onnx.to_json()}
+
+
+def model_name(cfg: TritonConfig) -> str:
+    """A Triton model name: ``cfg.name`` with characters outside [A-Za-z0-9_.-] replaced."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", cfg.name or "").strip(".-") or "sbcli-model"
+
+
+def config_text(name: str, image_size: int, num_classes: int, cfg: TritonConfig) -> str:
+    """config.pbtxt for an sbcli ONNX export (float32 input and output, also for --half)."""
+    return f"""name: "{name}"
+platform: "onnxruntime_onnx"
+max_batch_size: {cfg.max_batch_size}
+input [
+  {{
+    name: "{INPUT_NAME}"
+    data_type: TYPE_FP32
+    format: FORMAT_NCHW
+    dims: [ 3, {image_size}, {image_size} ]
+  }}
+]
+output [
+  {{
+    name: "{OUTPUT_NAME}"
+    data_type: TYPE_FP32
+    dims: [ {num_classes} ]
+    label_filename: "{LABELS_FILE}"
+  }}
+]
+dynamic_batching {{
+  max_queue_delay_microseconds: {cfg.max_queue_delay_us}
+}}
+"""
+
+
+def export_triton(learner: Learner, repository: Path, onnx_cfg: OnnxConfig | None = None,
+                  cfg: TritonConfig | None = None) -> TritonReport:
+    """Write ``repository/NAME`` (config, labels, ``1/model.onnx``) for ``learner``.
+
+    Raises:
+        ExportError: ``repository/NAME`` already exists, a class name holds a line break, or the
+            ONNX export fails its check (then nothing is left).
+    """
+    onnx_cfg, cfg = onnx_cfg or OnnxConfig(), cfg or TritonConfig()
+    repository = Path(repository)
+    name = model_name(cfg)
+    final = repository / name
+    if final.exists():
+        raise ExportError(f"{final} already exists; remove it or give another -o repository.")
+    names = learner.state.class_names
+    if any("\n" in n or "\r" in n for n in names):
+        raise ExportError("A class name holds a line break, which Triton's labels file cannot represent; rename the class.")
+    repository.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=repository))
+    try:
+        os.chmod(work, 0o777 & ~current_umask())  # mkdtemp makes 0700; follow the umask like mkdir does
+        (work / "1").mkdir()
+        report = export_onnx(learner, work / "1" / MODEL_FILE, onnx_cfg)
+        (work / LABELS_FILE).write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
+        (work / CONFIG_FILE).write_text(config_text(name, learner.state.image_size, len(names), cfg), encoding="utf-8")
+        os.rename(work, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    onnx_report = OnnxReport(**{**report.__dict__, "path": final / "1" / MODEL_FILE})
+    return TritonReport(repository, final, name, onnx_report)

@@ -1,0 +1,271 @@
+"""The ``sb serve`` HTTP application (Starlette on uvicorn).
+
+Routes: ``POST /predict`` (multipart image files, JSON ``{"images": [base64, ...]}`` or one raw
+image body; ``top_k`` as a query parameter or JSON field), ``GET /health``, ``GET /metadata``.
+Requests are refused before they are read whole when they are too large: at once from their
+Content-Length, else while streaming. A bad image is a 400 with one sentence; the server goes on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from sbcli.errors import SbcliError
+from sbcli.serve import source as sources
+from sbcli.serve.batching import BatchConfig, Batcher
+from sbcli.serve.predict import top_k as rank
+
+logger = logging.getLogger(__name__)
+CONFIG_ENV = "SBCLI_SERVE_CONFIG"
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    """Everything a server process needs (JSON in $SBCLI_SERVE_CONFIG for ``--workers`` > 1)."""
+
+    model: str
+    provider: str = "auto"
+    top_k: int = 5
+    max_batch_size: int = 32
+    max_wait_ms: float = 5.0
+    max_request_bytes: int = 16 * 2**20
+    max_images: int = 64
+    reload_interval_s: float = 2.0  # 0: never reload
+    threads: int | None = None
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls) -> ServeConfig:
+        return cls(**json.loads(os.environ[CONFIG_ENV]))
+
+
+class HTTPError(Exception):
+    def __init__(self, status: int, sentence: str) -> None:
+        super().__init__(sentence)
+        self.status = status
+
+
+@dataclass
+class Server:
+    """The state of one server process: the model served, the batcher, the reload watcher."""
+
+    cfg: ServeConfig
+    loaded: sources.Loaded | None = None
+    batcher: Batcher = field(init=False)
+    reloads: int = 0
+    started: float = field(default_factory=time.time)
+
+    def __post_init__(self) -> None:
+        self.batcher = Batcher(BatchConfig(self.cfg.max_batch_size, self.cfg.max_wait_ms))
+
+    @property
+    def source(self) -> Path:
+        return Path(self.cfg.model)
+
+    def load(self) -> None:
+        if self.loaded is None:
+            self.loaded = sources.load(self.source, self.cfg.provider, self.cfg.threads)
+
+    async def watch(self) -> None:
+        """Poll the source; load a changed model beside the old one and swap it in."""
+        assert self.loaded is not None
+        watcher = sources.Watcher(self.source, self.loaded.signature)
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(self.cfg.reload_interval_s)
+            if not watcher.due():
+                continue
+            version = self.loaded.version + 1
+            try:
+                new = await loop.run_in_executor(None, sources.load, self.source, self.cfg.provider, self.cfg.threads, version)
+            except SbcliError as err:
+                logger.warning("Kept model version %d: the changed %s did not load (%s)", self.loaded.version, self.source, err)
+                watcher.failed()
+                continue
+            self.loaded, self.reloads = new, self.reloads + 1
+            watcher.current = new.signature
+            logger.info("Reloaded %s: now model version %d", self.source, new.version)
+
+    def metadata(self) -> dict[str, Any]:
+        assert self.loaded is not None
+        return {**self.loaded.model.describe(), "source": str(self.source), "model_version": self.loaded.version,
+                "reloads": self.reloads, "batching": {**asdict(self.batcher.cfg), **self.batcher.stats.to_json()},
+                "limits": {"max_request_bytes": self.cfg.max_request_bytes, "max_images": self.cfg.max_images},
+                "top_k": self.cfg.top_k}
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) from its Content-Length or as soon as the stream passes ``limit``."""
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise HTTPError(400, "The Content-Length header is not a number.")
+        if int(length) > limit:
+            raise HTTPError(413, f"The request has {int(length)} bytes, more than the {limit} this server accepts; send fewer or smaller images.")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise HTTPError(413, f"The request passed {limit} bytes, more than this server accepts; send fewer or smaller images.")
+    return bytes(body)
+
+
+def _b64(text: Any, index: int) -> bytes:
+    if not isinstance(text, str):
+        raise HTTPError(400, f"Image {index} in the JSON body is not a base64 string.")
+    if text.startswith("data:") and "," in text:
+        text = text.split(",", 1)[1]  # a data: URL
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError) as err:
+        raise HTTPError(400, f"Image {index} in the JSON body is not valid base64 ({err}).") from err
+
+
+async def _multipart(request: Request, body: bytes, max_images: int, max_bytes: int) -> tuple[list[tuple[str, bytes]], dict]:
+    sent = False
+
+    async def replay() -> dict:
+        nonlocal sent
+        if sent:
+            return {"type": "http.disconnect"}
+        sent = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    try:
+        form = await Request(request.scope, replay).form(max_files=max_images, max_fields=16, max_part_size=max_bytes)
+    except Exception as err:  # Starlette raises HTTPException / MultiPartException for malformed bodies
+        detail = str(getattr(err, "detail", err)).rstrip(".")
+        if "Too many files" in detail:
+            raise HTTPError(413, f"The request holds more than the {max_images} images this server accepts.") from err
+        raise HTTPError(400, f"The multipart body cannot be read ({detail}).") from err
+    images, options = [], {}
+    async with contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(form.close)
+        for key, value in form.multi_items():
+            if hasattr(value, "read"):
+                images.append((value.filename or key, await value.read()))
+            elif key == "top_k":
+                options["top_k"] = value
+    return images, options
+
+
+def _json_images(body: bytes) -> tuple[list[tuple[str, bytes]], dict]:
+    try:
+        data = json.loads(body)
+    except ValueError as err:
+        raise HTTPError(400, f"The JSON body is not valid JSON ({err}).") from err
+    if not isinstance(data, dict) or not ({"images", "image"} & data.keys()):
+        raise HTTPError(400, 'The JSON body needs "images": a list of base64 strings (or "image": one).')
+    raw = data.get("images", [data.get("image")])
+    if not isinstance(raw, list):
+        raise HTTPError(400, '"images" must be a list of base64 strings.')
+    return [(f"#{i}", _b64(text, i)) for i, text in enumerate(raw)], {k: v for k, v in data.items() if k == "top_k"}
+
+
+async def images_of(request: Request, body: bytes, max_images: int, max_bytes: int) -> tuple[list[tuple[str, bytes]], dict]:
+    """(name, bytes) of every image in the request, and the options sent with them (``top_k``)."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "multipart/form-data":
+        images, options = await _multipart(request, body, max_images, max_bytes)
+    elif kind == "application/json":
+        images, options = _json_images(body)
+    elif kind.startswith("image/") or kind == "application/octet-stream":
+        images, options = [("#0", body)], {}
+    else:
+        raise HTTPError(415, "Send images as multipart/form-data files, JSON with base64 strings, or one raw image body.")
+    if not images:
+        raise HTTPError(400, "The request holds no image.")
+    if len(images) > max_images:
+        raise HTTPError(413, f"The request holds {len(images)} images, more than the {max_images} this server accepts.")
+    return images, options
+
+
+def _top_k(value: Any, default: int) -> int:
+    if value is None:
+        return default
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        k = 0
+    if k < 1:
+        raise HTTPError(400, "top_k must be a whole number of at least 1.")
+    return k
+
+
+def create_app(server: Server) -> Starlette:
+    """The Starlette app over ``server`` (which loads its model at startup if not loaded yet)."""
+
+    async def predict(request: Request) -> JSONResponse:
+        try:
+            body = await read_body(request, server.cfg.max_request_bytes)
+            images, options = await images_of(request, body, server.cfg.max_images, server.cfg.max_request_bytes)
+            k = _top_k(request.query_params.get("top_k", options.get("top_k")), server.cfg.top_k)
+            loaded = server.loaded  # one model for the whole request, even if a reload happens meanwhile
+            assert loaded is not None
+            model = loaded.model
+            loop = asyncio.get_running_loop()
+            try:
+                decoded = await asyncio.gather(*(loop.run_in_executor(None, model.preprocess.decode, data, name)
+                                                 for name, data in images))
+            except SbcliError as err:
+                raise HTTPError(400, str(err)) from err
+            batch = model.preprocess.to_input(list(decoded))
+            scores = await asyncio.gather(*(server.batcher.submit(model, x) for x in batch))
+        except HTTPError as err:
+            return JSONResponse({"error": str(err)}, status_code=err.status)
+        except Exception as err:  # the model itself failed: logged with its traceback, answered as a 500
+            logger.exception("The model failed on a request")
+            return JSONResponse({"error": f"The model failed on this request ({type(err).__name__}); see the server log."},
+                                status_code=500)
+        predictions = rank(np.stack(scores), model.class_names, k, [name for name, _ in images])
+        return JSONResponse({"model_version": loaded.version, "provider": model.provider,
+                             "predictions": [p.to_json() for p in predictions]})
+
+    async def health(_: Request) -> JSONResponse:
+        assert server.loaded is not None
+        return JSONResponse({"status": "ok", "model_version": server.loaded.version, "provider": server.loaded.model.provider})
+
+    async def metadata(_: Request) -> JSONResponse:
+        return JSONResponse(server.metadata())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        server.load()
+        server.batcher.start()
+        watch = asyncio.get_running_loop().create_task(server.watch()) if server.cfg.reload_interval_s > 0 else None
+        try:
+            yield
+        finally:
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+            await server.batcher.stop()
+
+    routes = [Route("/predict", predict, methods=["POST"]), Route("/health", health, methods=["GET"]),
+              Route("/metadata", metadata, methods=["GET"])]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def app_from_env() -> Starlette:
+    """The app of one ``--workers`` process (uvicorn's factory), configured by $SBCLI_SERVE_CONFIG."""
+    return create_app(Server(ServeConfig.from_env()))

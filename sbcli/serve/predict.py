@@ -1,0 +1,130 @@
+"""``sb predict``: top-k labels with probabilities for image files, in batches.
+
+Probabilities are the softmax of the scores (for nearest-mean learners the scores are negative
+squared distances, so these are relative, not calibrated).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sbcli.errors import ConfigError, DataError
+from sbcli.serve.model import Classifier, open_classifier
+from sbcli.serve.preprocess import IMAGE_EXTENSIONS, Preprocess
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The top labels of one image, best first."""
+
+    image: str
+    labels: list[str]
+    probabilities: list[float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.image,
+                "top": [{"label": n, "probability": p} for n, p in zip(self.labels, self.probabilities, strict=True)]}
+
+
+@dataclass(frozen=True)
+class PredictReport:
+    """What ``predict`` answered, and which model and provider answered it."""
+
+    model: str
+    kind: str  # "onnx" or "learner"
+    provider: str  # "cpu", "cuda", "tensorrt", or "pytorch-cpu" / "pytorch-cuda" for a learner
+    predictions: list[Prediction]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"model": self.model, "kind": self.kind, "provider": self.provider,
+                "predictions": [p.to_json() for p in self.predictions]}
+
+
+def find_images(paths: Sequence[Path]) -> list[Path]:
+    """Image files named directly, plus every image below the folders named (sorted).
+
+    Raises:
+        DataError: a path does not exist, or no image was found.
+    """
+    found: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir():
+            found += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
+                            and not p.name.startswith("."))
+        else:
+            raise DataError(f"{path} does not exist; give image files or folders of images.")
+    if not found:
+        raise DataError(f"No image files in {', '.join(map(str, paths))}; give .jpg, .png, ... files or folders holding them.")
+    return found
+
+
+def _read_decode(spec: Preprocess, path: Path) -> np.ndarray:
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise DataError(f"Cannot read {path} ({err}); check that the file is readable.") from err
+    return spec.decode(data, str(path))
+
+
+def decode(paths: Sequence[Path], spec: Preprocess, pool: ThreadPoolExecutor | None = None) -> np.ndarray:
+    """float32 [N, 3, H, W] in [0, 1]; raises DataError naming a file that cannot be decoded."""
+    if pool is None:
+        return spec.to_input([_read_decode(spec, p) for p in paths])
+    return spec.to_input(list(pool.map(lambda p: _read_decode(spec, p), paths)))
+
+
+def softmax(scores: np.ndarray) -> np.ndarray:
+    shifted = scores - scores.max(axis=1, keepdims=True)
+    exp = np.exp(shifted)
+    return exp / exp.sum(axis=1, keepdims=True)
+
+
+def top_k(scores: np.ndarray, names: Sequence[str], k: int, images: Sequence[str]) -> list[Prediction]:
+    """Predictions of every row of ``scores``: the ``k`` best labels with softmax probabilities."""
+    probs = softmax(scores.astype(np.float64))
+    k = min(k, len(names))
+    out = []
+    for image, row in zip(images, probs, strict=True):
+        best = np.argsort(-row, kind="stable")[:k]
+        out.append(Prediction(image, [names[i] for i in best], [float(row[i]) for i in best]))
+    return out
+
+
+def _batches(items: Sequence[Path], size: int) -> Iterator[Sequence[Path]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def predict_with(classifier: Classifier, files: Sequence[Path], *, k: int = 5, batch_size: int = 64) -> list[Prediction]:
+    """Top-``k`` of every file with an open classifier, ``batch_size`` images per run (decoded on threads)."""
+    out: list[Prediction] = []
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for batch in _batches(files, batch_size):
+            scores = classifier.scores(decode(batch, classifier.preprocess, pool))
+            out += top_k(scores, classifier.class_names, k, [str(p) for p in batch])
+    return out
+
+
+def predict(model: Path, images: Sequence[Path], *, top_k: int = 5, batch_size: int = 64, device: str = "auto",
+            provider: str = "auto") -> PredictReport:
+    """Top-``top_k`` labels and probabilities of every image, in the order found.
+
+    Raises:
+        ConfigError: ``model`` is not a learner or ONNX file, or ``top_k``/``batch_size`` < 1.
+        DataError: a missing path, no images, or an image that cannot be decoded.
+        ExportError: an ONNX file without sbcli metadata, onnxruntime missing, or the provider unavailable.
+    """
+    if top_k < 1 or batch_size < 1:
+        raise ConfigError("--top-k and --batch-size must be at least 1.")
+    files = find_images(images)
+    classifier = open_classifier(Path(model), device=device, provider=provider)
+    predictions = predict_with(classifier, files, k=top_k, batch_size=batch_size)
+    return PredictReport(str(model), classifier.kind, classifier.provider, predictions)

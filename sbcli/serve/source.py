@@ -1,0 +1,96 @@
+"""What ``sb serve`` serves, and its reload: an ``.onnx`` file, or a learner directory exported to
+a cached ONNX file (only that export imports torch).
+
+The watcher polls a signature (the file's, or the learner's ``learner.json``: its commit point):
+when it changed and stayed the same for one more poll (so a file still being written is not
+read), the new model is loaded beside the old one and swapped in; requests already running finish
+on the old one. A new model that fails to load is logged and the old one keeps serving.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from sbcli.errors import ConfigError
+from sbcli.serve.model import OnnxClassifier, is_learner, is_onnx, open_onnx
+
+logger = logging.getLogger(__name__)
+Signature = tuple[int, int, int] | None
+
+
+def signature(source: Path) -> Signature:
+    """(inode, size, mtime) of the ONNX file or of the learner's learner.json; None while absent."""
+    target = source / "learner.json" if source.is_dir() else source
+    try:
+        st = os.stat(target)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def cache_dir() -> Path:
+    """Where learner directories are exported for serving: $XDG_CACHE_HOME/sbcli/serve or ~/.cache/sbcli/serve."""
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sbcli" / "serve"
+
+
+def learner_onnx(learner_dir: Path) -> Path:
+    """The learner exported to the serve cache (reused while learner.json is unchanged; imports torch)."""
+    key = hashlib.sha256(str(learner_dir.resolve()).encode() + b"\0" + (learner_dir / "learner.json").read_bytes())
+    out = cache_dir() / f"{learner_dir.resolve().name}-{key.hexdigest()[:16]}.onnx"
+    if not out.is_file():
+        from sbcli import api
+
+        api.export_onnx(learner_dir, out)  # atomic: concurrent workers each write a complete file
+    return out
+
+
+def check_source(source: Path) -> None:
+    """Raises ConfigError when ``source`` is neither an .onnx file nor a learner directory."""
+    if not (is_onnx(source) or is_learner(source)):
+        raise ConfigError(f"{source} is neither a learner directory (with learner.json) nor an .onnx file; give one of those.")
+
+
+@dataclass
+class Loaded:
+    """The model now served, its version (1, 2, ... per reload) and the signature it was loaded at."""
+
+    model: OnnxClassifier
+    version: int
+    signature: Signature
+
+
+def load(source: Path, provider: str, threads: int | None = None, version: int = 1) -> Loaded:
+    """Open ``source`` (exporting a learner first) on ``provider``."""
+    check_source(source)
+    sig = signature(source)
+    path = learner_onnx(source) if source.is_dir() else source
+    return Loaded(open_onnx(path, provider, threads), version, sig)
+
+
+@dataclass
+class Watcher:
+    """Decides, poll by poll, when to reload: after a change that held still for one poll."""
+
+    source: Path
+    current: Signature
+    _seen: Signature = None
+    _failed: Signature = None
+
+    def due(self) -> bool:
+        sig = signature(self.source)
+        if sig is None or sig in (self.current, self._failed):
+            self._seen = None
+            return False
+        ready = sig == self._seen
+        self._seen = sig
+        return ready
+
+    def failed(self) -> None:
+        """The change could not be loaded: ignore it until the source changes again."""
+        self._failed = self._seen
+        self._seen = None

@@ -1,0 +1,38 @@
+"""Device rules: names resolved once, cuDNN autotuning confined to training."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sbcli.device import cudnn_autotune, resolve_device
+from sbcli.errors import DeviceError
+
+
+@pytest.mark.parametrize("before", [False, True])
+def test_cudnn_autotune_is_restored_after_training(before: bool) -> None:
+    saved = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = before
+        with cudnn_autotune(torch.device("cuda")):
+            assert torch.backends.cudnn.benchmark is True
+        assert torch.backends.cudnn.benchmark is before
+        with pytest.raises(RuntimeError), cudnn_autotune(torch.device("cuda")):
+            raise RuntimeError("a phase that fails")
+        assert torch.backends.cudnn.benchmark is before
+        with cudnn_autotune(torch.device("cpu")):
+            assert torch.backends.cudnn.benchmark is before  # nothing to tune on the CPU
+    finally:
+        torch.backends.cudnn.benchmark = saved
+
+
+def test_unknown_device_is_refused() -> None:
+    with pytest.raises(DeviceError, match="--device tpu is unknown"):
+        resolve_device("tpu")
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_the_python_face_keeps_resolve_device() -> None:
+    from sbcli import api
+
+    assert api.resolve_device is resolve_device
