@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from sbcli import __version__, distributed, evalsets, growing
+from sbcli import __version__, distributed, evalsets, growing, preflight
 from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
@@ -34,6 +34,7 @@ from sbcli.steps import StepSummary, evaluate_learner, learn_step
 from sbcli.store import legacy
 from sbcli.store.lock import writer_lock
 from sbcli.store.outputs import check_output_dir, check_output_file, enclosing_learner
+from sbcli.validate import MAX_WIDTH
 
 ProgressFn = Callable[[ProgressEvent], None]
 StepFn = Callable[[StepSummary], None]
@@ -59,8 +60,8 @@ def options(source: str | None = None, *, recipe: str | None = None, **settings:
 def _check_run(run: RunOptions) -> torch.device:
     if run.arch not in list_models():
         raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
-    if run.width <= 0:
-        raise ConfigError("--width must be positive (e.g. 0.25 for a quarter-width network).")
+    if not 0 < run.width <= MAX_WIDTH:
+        raise ConfigError(f"--width must be above 0 and at most {MAX_WIDTH} (e.g. 0.25 for a quarter-width network).")
     build_config(run.method, run.method_options)
     ExemplarMemory(run.memory, run.selection, run.seed)
     return resolve_device(run.device)
@@ -91,6 +92,14 @@ def sequence_scenario(seq: SequenceOptions, num_classes: int) -> Scenario:
     return Scenario(order=order, sizes=task_sizes(seq.classes, seq.tasks, seq.base, seq.increment))
 
 
+def _check_sequence(seq: SequenceOptions) -> None:
+    """Counts of tasks and classes are refused before any data is read when they cannot be right."""
+    for flag, value in (("--tasks", seq.tasks), ("--base", seq.base), ("--increment", seq.increment),
+                        ("--classes", seq.classes)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value} is not a count; give 1 or more.")
+
+
 def _check_out(out: Path, resume: bool) -> None:
     legacy.recover(out)
     check_output_dir(out, option="--out", resume=resume)
@@ -108,7 +117,9 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     out = Path(out)
     device = _check_run(run)
     _check_keep(keep)
+    _check_sequence(seq)
     _check_out(out, resume)
+    preflight.check_writable(out)
     with writer_lock(out, "train", create=True, enabled=distributed.is_main_process()):
         return _train(seq, run, out, device, resume, keep, on_progress, on_step)
 
@@ -127,11 +138,13 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         weights = pretrained.load(run.pretrained, run.arch, run.width, sha256=run.pretrained_sha256)
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
-    opened = open_spec(spec)
+    opened = open_spec(spec, download=seq.download)
     record = remember_source(spec, opened.train, opened.test)
     names = opened.train.class_names
     scenario = sequence_scenario(seq, len(names))
     opened = resize_opened(only_classes(opened, scenario.order), spec)
+    image_size = spec.get("image_size") or spec_image_size(spec)
+    preflight.check_free_space(out, preflight.save_bytes(run.arch, run.width, len(scenario.order), image_size, run.memory))
     plan = {"source": record, "scenario": scenario.to_json()}
     if resume:
         learner = Learner.load(out, device)
@@ -141,7 +154,7 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     else:
         # pretrained backbones expect the statistics they were trained with: ImageNet's
         norm = Normalization(IMAGENET_MEAN, IMAGENET_STD) if weights else (opened.norm or compute_normalization(opened.train.images))
-        state = _new_state(run, spec.get("image_size") or spec_image_size(spec), norm.to_json(), plan, spec["kind"])
+        state = _new_state(run, image_size, norm.to_json(), plan, spec["kind"])
         torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
         model = create_model(run.arch, scenario.sizes[0], run.width, run.train.zero_init_residual)
         if weights is not None:
@@ -191,7 +204,12 @@ def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None
     memory.images, memory.labels, learner.extra = distributed.broadcast_objects(
         [memory.images, memory.labels, learner.extra], group)
     if group.is_main:
-        learner.save(out, keep)
+        try:
+            learner.save(out, keep)
+        except OSError as err:
+            raise LearnerError(f"Could not save the learner to {out} ({err.strerror or err}: {err.filename}); what was "
+                               "saved there before is unchanged: free some space or fix the permissions and run "
+                               "the command again.") from err
     distributed.barrier(group)
 
 
@@ -233,6 +251,7 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
               warmup_epochs: float | None, keep: int | None, on_progress: ProgressFn | None) -> StepSummary:
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev)
+    preflight.check_writable(learner_dir)
     if opts.method is not None and opts.method != learner.state.method:
         raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {opts.method}; "
                           f"drop --method or start a new learner with `sb train --method {opts.method}`.")
@@ -248,6 +267,9 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     clash = sorted(set(new) & set(learner.state.class_names))
     if clash:
         raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
+    state = learner.state
+    preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
+                                                                 state.image_size, state.memory["budget"]))
     old = test_data(learner, opts.data_roots) if learner.state.tasks else None
     record = remember_source(spec, opened.train, opened.test)
     if opts.epochs is not None:

@@ -18,6 +18,7 @@ is sharded over ranks and gathered on each.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from sbcli.device import (
     native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
     uses_bf16,
 )
-from sbcli.errors import ConfigError
+from sbcli.errors import ConfigError, TrainingError
 from sbcli.schedule import PhaseSchedule
 from sbcli.selection import PhaseSelection, Validator
 
@@ -217,6 +218,7 @@ class Engine:
                 count += 1
             sched.step()
             loss = self._epoch_loss(total, count)  # the epoch's one host synchronisation
+            self._check_finite(loss, phase, epoch)
             n = count * min(self.cfg.batch_size, len(data))  # over all ranks
             seen += n
             self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9))
@@ -250,6 +252,13 @@ class Engine:
         """Mean loss of the epoch's steps over every rank (reads the device once)."""
         summed = distributed.all_reduce_sum(torch.stack([total.float(), total.new_tensor(float(count))]), self.dist)
         return float(summed[0]) / max(float(summed[1]), 1.0)
+
+    def _check_finite(self, loss: float, phase: Phase, epoch: int) -> None:
+        """Stop at once when training diverged: the step in progress is then never saved."""
+        if not math.isfinite(loss):
+            raise TrainingError(f"Training diverged: the loss became {loss} in epoch {epoch} of phase {phase.name} "
+                                f"of step {self.task}, so the learner was left as it was; lower --lr "
+                                f"(now {self.cfg.lr}) or check the data.")
 
     def _to_layout(self, *models: nn.Module | None) -> None:
         """Put weights in channels-last once per phase, so no convolution reorders them per step."""

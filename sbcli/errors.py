@@ -23,6 +23,10 @@ class LearnerError(SbcliError):
     """A learner directory that is missing files, from a newer format, or inconsistent."""
 
 
+class TrainingError(SbcliError):
+    """Training cannot go on (a loss that became NaN or infinite); nothing of the step is saved."""
+
+
 class DeviceError(SbcliError):
     """A device was asked for that this machine does not have."""
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save as safetensors_bytes
 
+from sbcli import validate
 from sbcli.data import carried_sample
 from sbcli.data.carried_sample import CarriedSample
 from sbcli.data.device import Normalization
@@ -30,7 +31,6 @@ from sbcli.memory import ExemplarMemory
 from sbcli.nets import create_model
 from sbcli.nets.resnet import IncrementalResNet
 from sbcli.store import legacy
-from sbcli.store import validate_shim as validate
 from sbcli.store.commit import commit_step, write_flat
 from sbcli.store.layout import FORMAT_VERSION, Stored, read_stored
 

@@ -115,3 +115,19 @@ def test_gpu_providers_where_present(model: Path, name: str) -> None:
     cpu = open_onnx(model, "cpu").scores(x)
     assert classifier.provider == name
     np.testing.assert_allclose(classifier.scores(x), cpu, atol=1e-2 * max(1.0, float(np.abs(cpu).max())), rtol=0)
+
+
+def test_extras_install_one_runtime_each() -> None:
+    """`onnx` (CPU) and `onnx-gpu` each bring one onnxruntime and the server; `all` never mixes them."""
+    import tomllib
+
+    extras = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+
+    def names(extra: str) -> set[str]:
+        return {dep.split(">")[0].split("=")[0].split("<")[0].split("[")[0].strip() for dep in extras[extra]}
+
+    assert "onnxruntime" in names("onnx") and "onnxruntime-gpu" not in names("onnx")
+    assert "onnxruntime-gpu" in names("onnx-gpu") and "onnxruntime" not in names("onnx-gpu")
+    for extra in ("onnx", "onnx-gpu"):
+        assert {"onnx", "onnxscript", "starlette", "uvicorn", "python-multipart"} <= names(extra)
+    assert not any("onnx-gpu" in dep for dep in extras["all"])

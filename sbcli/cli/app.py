@@ -14,6 +14,8 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     add_completion=False,
 )
+
+
 app.command("train", epilog=train.EPILOG)(train.train)
 app.command("add-task", epilog=add_task.EPILOG)(add_task.add_task)
 app.command("evaluate", epilog=evaluate.EPILOG)(evaluate.evaluate)
@@ -38,10 +40,14 @@ def methods() -> None:
 
 @app.command("version")
 def version() -> None:
-    """Print the versions of sbcli and torch."""
+    """Print the versions of sbcli and torch, and how torch uses the CPU (threads, OpenMP waiting)."""
+    import os
+
     import torch
 
-    typer.echo(f"sbcli {__version__} torch {torch.__version__}")
+    wait = os.environ.get("OMP_WAIT_POLICY", "default")
+    typer.echo(f"sbcli {__version__} torch {torch.__version__} ({torch.get_num_threads()} CPU threads, "
+               f"OpenMP waiting {wait.lower()})")
 
 
 def _log_to_stderr() -> None:
@@ -59,5 +65,15 @@ def _log_to_stderr() -> None:
 
 
 def main() -> None:
+    """The `sb` entry point: the environment torch needs is set before anything imports torch."""
+    from sbcli.cli._errors import debugging, report
+    from sbcli.threads import prepare
+
+    prepare()
     _log_to_stderr()
-    app()
+    try:
+        app()
+    except (Exception, KeyboardInterrupt) as err:  # outside a command (e.g. at import): still one line
+        if debugging():
+            raise
+        raise SystemExit(report(err)) from None

@@ -63,13 +63,17 @@ def spec_image_size(spec: dict) -> int:
     return {"demo": 32, "cifar10": 32, "cifar100": 32, "tiny-imagenet": 64}.get(spec["kind"], spec.get("image_size", 32))
 
 
-def open_spec(spec: dict, train: bool = True, test: bool = True) -> Opened:
-    """Decode (or read from the cache) the sets a spec names."""
+def open_spec(spec: dict, train: bool = True, test: bool = True, *, download: bool = False) -> Opened:
+    """Decode (or read from the cache) the sets a spec names.
+
+    Only ``download`` (the user's own ``--download`` now) lets CIFAR be downloaded: a spec read
+    from a learner, whatever it records, never downloads anything.
+    """
     kind, cache = spec["kind"], sources.DecodeCache.default()
     if kind == "demo":
         return Opened(sources.load_demo(True) if train else None, sources.load_demo(False) if test else None, None)
     if kind in ("cifar10", "cifar100"):
-        root, dl = Path(spec["root"]), spec.get("download", False)
+        root, dl = Path(spec["root"]), download
         norm = Normalization(CIFAR100_MEAN, CIFAR100_STD)
         return Opened(sources.load_cifar(root, kind, True, download=dl) if train else None,
                       sources.load_cifar(root, kind, False, download=dl) if test else None, norm)

@@ -28,11 +28,13 @@ def task_sizes(num_classes: int, tasks: int | None = None, base: int | None = No
         ConfigError: when the classes do not divide as asked.
     """
     if base is None:
-        tasks = tasks or 1
-        if tasks < 1 or num_classes % tasks:
+        tasks = 1 if tasks is None else tasks
+        if tasks < 1:
+            raise ConfigError(f"--tasks {tasks} is not a number of tasks; give 1 or more.")
+        if num_classes % tasks:
             raise ConfigError(f"--tasks {tasks} does not divide the {num_classes} classes; pick a divisor of {num_classes}.")
         return [num_classes // tasks] * tasks
-    increment = increment or base
+    increment = base if increment is None else increment
     rest = num_classes - base
     if base < 1 or base > num_classes or increment < 1 or rest % increment:
         raise ConfigError(

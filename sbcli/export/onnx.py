@@ -41,7 +41,6 @@ from sbcli.inference import scoring_module
 from sbcli.learner import Learner
 from sbcli.methods import config_from_json
 from sbcli.serve import preprocess
-from sbcli.serve.model import OnnxMeta, parse_metadata  # noqa: F401  (kept importable from here)
 from sbcli.serve.providers import require_onnxruntime
 
 INPUT_NAME = "images"

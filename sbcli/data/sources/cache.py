@@ -16,6 +16,7 @@ import safetensors
 import safetensors.torch
 import torch
 
+from sbcli.data import walk
 from sbcli.data.imageset import ImageSet
 
 logger = logging.getLogger(__name__)
@@ -141,6 +142,6 @@ def fingerprint(lines: Sequence[str]) -> str:
 
 def stat_line(name: str, path: Path) -> str:
     """The fingerprint line of one file."""
-    st = path.stat()
+    st = walk.stat(path)
     return f"{name}\t{st.st_size}\t{st.st_mtime_ns}"
 

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from sbcli.data import walk
 from sbcli.data.imageset import ImageSet
 from sbcli.errors import DataError
 
@@ -142,9 +143,6 @@ def is_image_name(rel: str) -> bool:
 
 
 def walk_files(folder: Path) -> Iterator[Path]:
-    """Every file below ``folder`` in sorted order, following symlinks as ImageFolder does."""
-    for dirpath, dirnames, filenames in os.walk(folder, followlinks=True):
-        dirnames.sort()
-        for name in sorted(filenames):
-            yield Path(dirpath) / name
+    """Every file below ``folder`` in sorted order, following symlinks as ImageFolder does (loops refused)."""
+    yield from walk.walk_files(folder)
 

@@ -1,0 +1,71 @@
+"""Walking a data folder that may hold symlinks: links are followed, loops and dangling links refused.
+
+A class-per-folder tree is walked as torchvision's ImageFolder walks it (symlinks followed), but a
+link back to a folder above it (a loop, which would list the same images forever) and a link
+whose target is gone are each refused with one sentence naming the path, instead of a traceback
+or a silently endless or partial listing.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from sbcli.errors import DataError
+
+
+def stat(path: Path) -> os.stat_result:
+    """``path.stat()`` (following links), with a dangling or looping link said in one sentence.
+
+    Raises:
+        DataError: the path is a dangling symlink, a symlink loop, or cannot be read.
+    """
+    try:
+        return path.stat()
+    except OSError as err:
+        raise DataError(_unreadable(path, err)) from err
+
+
+def _unreadable(path: Path, err: OSError) -> str:
+    if path.is_symlink():
+        try:
+            target = os.readlink(path)
+        except OSError:
+            target = "?"
+        if not os.path.lexists(path) or isinstance(err, FileNotFoundError):
+            return f"{path} is a symlink to {target}, which does not exist; remove the link or restore its target."
+        return f"{path} is a symlink that cannot be followed ({err.strerror}); remove or fix the link."
+    return f"Could not read {path} ({err.strerror or err}); check its permissions."
+
+
+def walk_files(folder: Path) -> Iterator[Path]:
+    """Every file below ``folder`` in sorted order, following symlinks.
+
+    Raises:
+        DataError: a symlink loops back to a folder above it, a link dangles, or a folder cannot be read.
+    """
+    folder = Path(folder)
+    st = stat(folder)
+    yield from _walk(folder, {(st.st_dev, st.st_ino): folder})
+
+
+def _walk(folder: Path, ancestors: dict[tuple[int, int], Path]) -> Iterator[Path]:
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError as err:
+        raise DataError(_unreadable(folder, err)) from err
+    dirs: list[tuple[Path, os.stat_result]] = []
+    for name in names:
+        path = folder / name
+        st = stat(path)
+        if os.path.isdir(path):
+            dirs.append((path, st))
+        else:
+            yield path
+    for path, st in dirs:
+        key = (st.st_dev, st.st_ino)
+        if key in ancestors:
+            link = next((p for p in (path, *path.parents) if p.is_symlink()), path)
+            raise DataError(f"{link} is a symlink loop: {path} leads back to {ancestors[key]}; remove the link.")
+        yield from _walk(path, {**ancestors, key: path})

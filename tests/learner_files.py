@@ -1,0 +1,48 @@
+"""Helpers for tests that damage a learner's files: find them, hash them, rewrite safetensors raw."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+from sbcli import api
+from sbcli.engine import TrainConfig
+
+
+def train_tiny(color_data: dict[str, Path], out: Path) -> Path:
+    """A one-step learner of two colour classes (resnet18 at width 1/8, 16-pixel images)."""
+    run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
+    seq = api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]),
+                              image_size=16, tasks=1)
+    api.train(seq, run, out)
+    return out
+
+
+def learner_files(learner: Path) -> dict[str, Path]:
+    """learner.json and the model and memory files of the current step (format 1 or 2)."""
+    state = json.loads((learner / "learner.json").read_text(encoding="utf-8"))
+    named = state.get("files") or {}
+    return {"json": learner / "learner.json",
+            "model": learner / named.get("model", "model.safetensors"),
+            "memory": learner / named.get("memory", "memory.safetensors")}
+
+
+def hashes(folder: Path) -> dict[str, str]:
+    """sha256 of every file below ``folder`` (the writer's lock file aside)."""
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".sbcli.lock")}
+
+
+def read_raw(path: Path) -> tuple[dict, bytes]:
+    """(header, data) of a safetensors file, without interpreting the tensors."""
+    raw = path.read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    return json.loads(raw[8 : 8 + n]), raw[8 + n :]
+
+
+def write_raw(path: Path, header: dict, data: bytes, length: int | None = None) -> None:
+    """A safetensors file from a header and data (``length``: a header length to claim instead of the real one)."""
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text) if length is None else length) + text + data)

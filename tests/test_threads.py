@@ -1,0 +1,34 @@
+"""Compute threads: passive OpenMP waiting is set before torch loads (issue 13, point 7)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from sbcli.threads import prepare
+
+
+def _sb(*args: str, **env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SBCLI_THREADS")}
+    base["PYTHONPATH"] = os.pathsep.join(sys.path)
+    return subprocess.run([sys.executable, "-m", "sbcli", *args], check=False, capture_output=True, text=True,
+                          env={**base, **env})
+
+
+def test_prepare_asks_for_passive_waiting_and_keeps_what_the_user_set():
+    env: dict[str, str] = {}
+    prepare(env)
+    assert env == {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
+    mine = {"OMP_WAIT_POLICY": "ACTIVE"}
+    prepare(mine)
+    assert mine["OMP_WAIT_POLICY"] == "ACTIVE"
+
+
+def test_the_entry_point_sets_passive_waiting_before_torch_loads():
+    res = _sb("version")
+    assert res.returncode == 0, res.stderr
+    assert "OpenMP waiting passive" in res.stdout and " CPU threads, " in res.stdout
+    mine = _sb("version", OMP_WAIT_POLICY="ACTIVE")
+    assert "OpenMP waiting active" in mine.stdout  # what the user set is kept
