@@ -24,6 +24,7 @@ from sbcli.data.shaping import only_classes, resize_opened, with_image_size
 from sbcli.device import resolve_device
 from sbcli.engine import Engine, ProgressEvent, TrainConfig
 from sbcli.errors import ConfigError, DataError, LearnerError
+from sbcli.evalsets import load_test_sets  # noqa: F401  (its old home)
 from sbcli.growing import AddTaskOptions
 from sbcli.learner import Learner, LearnerState
 from sbcli.memory import ExemplarMemory
@@ -217,17 +218,6 @@ def _empty(like: ImageSet) -> ImageSet:
     return ImageSet(like.images[:0], like.labels[:0], like.class_names)
 
 
-def test_data(learner: Learner, data_roots: list[Path] | None = None) -> evalsets.EvalData:
-    """The test images of every class the learner knows: each task's original test set when it is
-    here and unchanged, else the carried test sample (see :mod:`sbcli.evalsets`)."""
-    return evalsets.choose(learner.state, learner.test_sample, data_roots)
-
-
-def load_test_sets(learner: Learner) -> ImageSet:
-    """The test images :func:`test_data` chooses, without the report of where they came from."""
-    return test_data(learner).test
-
-
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
              epochs: int | None = None, method: str | None = None, warmup_epochs: float | None = None,
              keep: int | None = None, options: AddTaskOptions | None = None,
@@ -270,7 +260,7 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     state = learner.state
     preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
                                                                  state.image_size, state.memory["budget"]))
-    old = test_data(learner, opts.data_roots) if learner.state.tasks else None
+    old = evalsets.test_data(learner, opts.data_roots) if learner.state.tasks else None
     record = remember_source(spec, opened.train, opened.test)
     if opts.epochs is not None:
         learner.state.train_config["epochs"] = opts.epochs
@@ -309,10 +299,7 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
         test = relabel(images, state.class_names, images.class_names)
         used = {"used": "folder", "tasks": [], "folder": str(folder)}
     else:
-        chosen = test_data(learner, data_roots)
-        if len(chosen.test) == 0:
-            raise DataError(f"The learner at {learner_dir} has no test images to evaluate on (none of its test sets is "
-                            "here and it carries no test sample); give a class-per-folder test directory.")
+        chosen = evalsets.test_data(learner, data_roots, required=learner_dir)
         test, used = chosen.test, chosen.to_json()
     engine = Engine(TrainConfig(**_tuples(state.train_config)), dev, learner.norm, state.seed)
     metrics = evaluate_learner(learner, engine, test)

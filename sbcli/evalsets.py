@@ -243,6 +243,26 @@ def _join(parts: list[ImageSet], class_names: list[str]) -> ImageSet:
     return ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), list(class_names))
 
 
+def test_data(learner, data_roots: list[Path] | None = None, required: Path | None = None) -> EvalData:
+    """The test images of every class a learner knows: each task's original test set when it is here
+    and unchanged, else its carried test sample.
+
+    Raises:
+        DataError: a ``--data-root`` none of its test sets is in; with ``required`` (the learner's
+            directory), also when there are no test images at all.
+    """
+    chosen = choose(learner.state, learner.test_sample, data_roots)
+    if required is not None and len(chosen.test) == 0:
+        raise DataError(f"The learner at {required} has no test images to evaluate on (none of its test sets is "
+                        "here and it carries no test sample); give a class-per-folder test directory.")
+    return chosen
+
+
+def load_test_sets(learner) -> ImageSet:
+    """The test images :func:`test_data` chooses, without the report of where they came from."""
+    return test_data(learner).test
+
+
 def carry(learner, test: ImageSet, new_ids: list[int], keep: bool) -> None:
     """Add the test images of the new classes ``new_ids`` to the learner's carried sample (capped per
     class), or record that this task's owner declined (``keep`` False: ``--no-test-sample``)."""

@@ -27,6 +27,7 @@ def tree(folder: Path) -> dict[str, str]:
 
 def fake_step(learner: Learner, value: float) -> None:
     """Record one more step without training: the history grows and one weight marks the step."""
+    learner.state.tasks.append(learner.state.tasks[-1])  # one task per step (checked at load)
     learner.state.history.append({**learner.state.history[-1], "step": learner.state.steps + 1})
     with torch.no_grad():
         next(iter(learner.model.parameters())).view(-1)[0] = value

@@ -46,6 +46,7 @@ def two_steps(base: Path, target: Path) -> Learner:
     learner = Learner.load(base)
     fake_step(learner, 0.0)
     learner.state.history.pop()
+    learner.state.tasks.pop()
     with torch.no_grad():
         next(iter(learner.model.parameters())).view(-1)[0] = 1.0
     learner.save(target, keep=2)
@@ -111,6 +112,7 @@ def test_a_killed_process_at_a_fault_point_leaves_the_old_learner(base, tmp_path
         import torch
         from sbcli.learner import Learner
         learner = Learner.load({str(target)!r})
+        learner.state.tasks.append(learner.state.tasks[-1])
         learner.state.history.append(dict(learner.state.history[-1], step=3))
         learner.save({str(target)!r})
     """)

@@ -101,12 +101,15 @@ class Stored:
 
 
 def read_json_bytes(raw: bytes, where: Path) -> Any:
+    """The JSON value of ``raw`` (read from ``where``); one sentence from :mod:`sbcli.validate` when malformed."""
+    from sbcli.validate import _damaged
+
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise LearnerError(f"{where} is not UTF-8 text ({err.reason}); restore it from a copy.") from err
-    except json.JSONDecodeError as err:
-        raise LearnerError(f"{where} is not valid JSON ({err}); restore it from a copy.") from err
+        raise _damaged(where, f"it is not UTF-8 text (byte {err.start})") from err
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, too many digits, nesting too deep
+        raise _damaged(where, f"it is not valid JSON ({str(err).splitlines()[0][:120]})") from err
 
 
 def read_stored(root: Path) -> Stored:
@@ -116,11 +119,9 @@ def read_stored(root: Path) -> Stored:
         raise LearnerError(f"No learner at {root}; give the directory that `sb train --out` wrote.")
     raw = path.read_bytes()
     data = read_json_bytes(raw, path)
-    if not isinstance(data, dict):
-        raise LearnerError(f"{path} holds a JSON {type(data).__name__}, not an object; restore it from a copy.")
-    version = data.get("format_version")
-    if type(version) is not int or version < 1:
-        raise LearnerError(f"{path} has format_version {version!r}, not a positive integer; restore it from a copy.")
+    from sbcli.validate import check_format_version
+
+    version = check_format_version(data, path)  # an object, with a whole format_version
     if version > FORMAT_VERSION:
         raise LearnerError(f"The learner at {root} has format version {version}, newer than this sbcli reads "
                            f"({FORMAT_VERSION}); upgrade sbcli.")
