@@ -268,10 +268,11 @@ def relabelled(learner: Path, tmp_path: Path, names: list[str]) -> Path:
     copy_dir = tmp_path / "other"
     shutil.copytree(learner, copy_dir)
     state = json.loads((copy_dir / "learner.json").read_text())
+    steps = (len(names) + 1) // 2
     state["class_names"] = names
     state["class_task"] = [i // 2 for i in range(len(names))]
-    state["history"] = [state["history"][0]] * ((len(names) + 1) // 2)
-    state["kept_steps"] = {str(len(state["history"])): state["files"]}  # the current step's files
+    state["tasks"] = [{**state["tasks"][0], "classes": names[2 * i: 2 * i + 2]} for i in range(steps)]
+    state["history"] = [state["history"][0]] * steps
     (copy_dir / "learner.json").write_text(json.dumps(state))
     return copy_dir
 
