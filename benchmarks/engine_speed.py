@@ -53,7 +53,7 @@ from torch import nn
 
 from sbcli.data.device import DeviceData, Normalization
 from sbcli.engine import Engine, Phase, TrainConfig, uses_bf16
-from sbcli.losses import kd_ce_loss
+from sbcli.losses import ce_loss, kd_ce_loss
 from sbcli.methods.split_bridge import bridge_loss
 from sbcli.nets import create_model
 from sbcli.nets.partition import make_partition
@@ -85,6 +85,7 @@ class BenchConfig:
     workers: int = -1  # reference DataLoader workers; -1: 0 on CPU, min(8, cores) on CUDA
     compile: bool = False
     precisions: tuple[str, ...] = ("auto",)  # one engine row per TrainConfig.precision
+    without_teacher: bool = False  # also an engine row per precision without a teacher (a first step: CE only)
     threads: int = 0  # torch.set_num_threads; 0 keeps torch's default
     seed: int = 0
 
@@ -193,14 +194,20 @@ def student_and_teacher(cfg: BenchConfig, device: torch.device) -> tuple[nn.Modu
 # ---------------------------------------------------------------------------------------------
 
 
-def engine_epoch_rate(cfg: BenchConfig, precision: str, device: torch.device, model: nn.Module, teacher: nn.Module,
-                      images: torch.Tensor, labels: torch.Tensor, batches: int) -> Rate:
-    """The rate of one engine phase of one epoch of ``batches`` full batches (phase C's loss)."""
+def engine_epoch_rate(cfg: BenchConfig, precision: str, device: torch.device, model: nn.Module,
+                      teacher: nn.Module | None, images: torch.Tensor, labels: torch.Tensor, batches: int) -> Rate:
+    """The rate of one engine phase of one epoch of ``batches`` full batches.
+
+    With a teacher: phase C's loss (an incremental step); without: plain CE (a first step).
+    """
     x, y = repeat_to(images, labels, batches * cfg.batch_size)
     data = DeviceData(x.to(device), y.to(device))
     train = TrainConfig(epochs=1, batch_size=cfg.batch_size, compile=cfg.compile, precision=precision)
     engine = Engine(train, device, Normalization(), cfg.seed)
-    phase = Phase("C", bridge_loss(cfg.classes // 2, LAMBDA), 1, teacher=teacher)
+    if teacher is None:
+        phase = Phase("base", lambda out: ce_loss(out.logits, out.targets), 1)
+    else:
+        phase = Phase("C", bridge_loss(cfg.classes // 2, LAMBDA), 1, teacher=teacher)
     watch = Stopwatch(device)
     engine.run(model, data, phase)
     return watch.rate(batches * cfg.batch_size)
@@ -301,25 +308,27 @@ def _sync(device: torch.device) -> None:
 def measure(cfg: BenchConfig, device: torch.device, images: torch.Tensor,
             labels: torch.Tensor, log: Callable[[str], None]) -> tuple[list[LoopResult], LoopResult, int]:
     """Alternate engine (one per precision) and reference rounds; returns the results and batches per round."""
-    pairs = {p: student_and_teacher(cfg, device) for p in cfg.precisions}
+    rows = [(p, True) for p in cfg.precisions] + ([(p, False) for p in cfg.precisions] if cfg.without_teacher else [])
+    pairs = {row: student_and_teacher(cfg, device) for row in rows}
     ref_model, ref_teacher = student_and_teacher(cfg, device)
     ref_opt = reference_optimizer(ref_model)
     batches_iter = endless(reference_loader(cfg, device, images, labels))
     num_old = cfg.classes // 2
     log("warming up (the engine's first phase includes torch.compile when --compile is given)")
     warm = 0.0
-    for p, (model, teacher) in pairs.items():
+    for (p, with_teacher), (model, teacher) in pairs.items():
         for _ in range(2):
-            rate = engine_epoch_rate(cfg, p, device, model, teacher, images, labels, 2).wall
-            warm = rate if p == cfg.precisions[0] else warm
+            rate = engine_epoch_rate(cfg, p, device, model, teacher if with_teacher else None, images, labels, 2).wall
+            warm = rate if (p, with_teacher) == rows[0] else warm
     reference_rate(batches_iter, device, ref_model, ref_teacher, ref_opt, 2, num_old)
     batches = max(2, math.ceil(cfg.seconds * warm / cfg.batch_size))
-    engines = [LoopResult(f"engine {p}" + (f" ({'bf16' if uses_bf16(p, device) else 'fp32'})" if p == "auto" else ""))
-               for p in cfg.precisions]
+    engines = [LoopResult(f"engine {p}" + (f" ({'bf16' if uses_bf16(p, device) else 'fp32'})" if p == "auto" else "")
+                          + ("" if with_teacher else " no teacher")) for p, with_teacher in rows]
     reference = LoopResult("reference")
     for r in range(cfg.rounds):
-        for result, (p, (model, teacher)) in zip(engines, pairs.items(), strict=True):
-            result.rounds.append(engine_epoch_rate(cfg, p, device, model, teacher, images, labels, batches))
+        for result, ((p, with_teacher), (model, teacher)) in zip(engines, pairs.items(), strict=True):
+            result.rounds.append(engine_epoch_rate(cfg, p, device, model, teacher if with_teacher else None, images,
+                                                   labels, batches))
         reference.rounds.append(reference_rate(batches_iter, device, ref_model, ref_teacher, ref_opt, batches, num_old))
         rates = ", ".join(f"{e.name} {e.rounds[-1].wall:,.1f}" for e in [*engines, reference])
         log(f"round {r + 1}/{cfg.rounds} ({batches} batches each), img/s: {rates}")
@@ -408,11 +417,11 @@ def format_report(report: dict) -> str:
         "",
         "Medians over rounds; per CPU-second: images per second of this process's CPU time (all threads),",
         "the steadier measure when other work shares the machine.",
-        f"{'loop':<20} {'img/s':>9} {'x ref':>6} {'img/CPU-s':>10} {'x ref':>6}   rounds (img/s)",
+        f"{'loop':<31} {'img/s':>9} {'x ref':>6} {'img/CPU-s':>10} {'x ref':>6}   rounds (img/s)",
     ]
     ref = report["reference"]
     for row in [*report["engines"], ref]:
-        lines.append(f"{row['name']:<20} {row['img_s']:>9,.1f} {row['img_s'] / ref['img_s']:>5.2f}x "
+        lines.append(f"{row['name']:<31} {row['img_s']:>9,.1f} {row['img_s'] / ref['img_s']:>5.2f}x "
                      f"{row['img_per_cpu_s']:>10,.1f} {row['img_per_cpu_s'] / ref['img_per_cpu_s']:>5.2f}x   "
                      + " ".join(f"{r['wall']:,.1f}" for r in row["rounds"]))
     lines += ["", "Projected wall time of the paper's CIFAR-100 schedules at these rates (training only, hours):",
@@ -441,6 +450,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
     p.add_argument("--compile", action="store_true", help="torch.compile the engine's student and teacher")
     p.add_argument("--precision", default="auto",
                    help="engine precision(s), comma-separated: auto (bf16 where the device has native bf16, else fp32), bf16, fp32")
+    p.add_argument("--without-teacher", action="store_true",
+                   help="also time the engine without a teacher (a first step, CE only), one row per precision")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")

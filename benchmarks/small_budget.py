@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--init", choices=("paper", "stable"), default="stable")
     parser.add_argument("--warmup-epochs", type=float, default=1.0)
-    parser.add_argument("--zero-init", choices=("on", "off"), default="on")
+    parser.add_argument("--zero-init", choices=("on", "off"), default="off")
     parser.add_argument("--method", default="sb")
     parser.add_argument("--phase-epochs", default="4,3,3", help="sb: A,B,C (the same 10 epochs a step as std)")
     parser.add_argument("--epochs", type=int, default=10)

@@ -34,7 +34,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -97,7 +99,12 @@ def next_writer_cleans(learner: Path) -> bool:
 
     with writer_lock(learner, "benchmark"):
         current = Learner.load(learner)
-        current.state.history.append(dict(current.state.history[-1], step=current.state.steps + 1))
+        state, name = current.state, f"next-writer-{current.state.steps + 1}"
+        state.class_names.append(name)
+        state.class_task.append(state.steps)
+        state.tasks.append(dict(state.tasks[-1], classes=[name]))
+        state.history.append(dict(state.history[-1], step=state.steps + 1, num_classes=len(state.class_names)))
+        current.model.expand_classes(1)
         current.save(learner)
     return check(learner)[0] == "ok" and not check(learner)[2]
 
@@ -124,30 +131,39 @@ def concurrent(base: Path, work: Path, new: list[Path], trials: int) -> dict:
     return counts
 
 
-def kills(base: Path, work: Path, folder: Path, n: int, seed: int) -> dict:
+def kills(base: Path, work: Path, folder: Path, n: int, seed: int, workers: int) -> dict:
+    """``n`` add-task runs killed at a random moment, ``workers`` at a time (the timing is measured the same way)."""
+    timed = [work / f"timing-{w}" for w in range(workers)]
+    for learner in timed:
+        shutil.copytree(base, learner)
     start = time.perf_counter()
-    learner = work / "timing"
-    shutil.copytree(base, learner)
-    add_task(learner, folder).communicate()
+    for proc in [add_task(learner, folder) for learner in timed]:
+        proc.communicate()
     duration = time.perf_counter() - start
-    shutil.rmtree(learner)
+    for learner in timed:
+        shutil.rmtree(learner)
     rng = random.Random(seed)
-    counts = {"kills": n, "seconds_per_run": round(duration, 1), "corrupt_or_missing": 0, "old_step": 0,
-              "new_step": 0, "leftovers_found": 0, "next_writer_failed": 0}
-    for k in range(n):
+    delays = [rng.uniform(0, duration * 1.1) if k % 2 == 0 else rng.uniform(0, 0.05) for k in range(n)]
+    counts = {"kills": n, "workers": workers, "seconds_per_run": round(duration, 1), "corrupt_or_missing": 0,
+              "old_step": 0, "new_step": 0, "leftovers_found": 0, "next_writer_failed": 0}
+    lock = threading.Lock()
+
+    def one(k: int) -> None:
         learner = work / f"kill-{k}"
         shutil.copytree(base, learner)
         proc = add_task(learner, folder)
-        if k % 2 == 0:  # a random moment of the whole run
-            time.sleep(rng.uniform(0, duration * 1.1))
-        else:  # a random moment of the save: within 50 ms of the new step's folder appearing
+        if k % 2 == 1:  # a random moment of the save: within 50 ms of the new step's folder appearing
             while not (learner / "steps" / "0002").exists() and proc.poll() is None:
-                time.sleep(0.001)
-            time.sleep(rng.uniform(0, 0.05))
+                time.sleep(0.002)
+        time.sleep(delays[k])  # k even: a random moment of the whole run
         proc.kill()
         proc.communicate()
-        tally(counts, learner, base_steps=1)
+        with lock:
+            tally(counts, learner, base_steps=1)
         shutil.rmtree(learner)
+
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(one, range(n)))
     return counts
 
 
@@ -201,6 +217,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=20, help="pairs of concurrent add-task runs")
     parser.add_argument("--kills", type=int, default=100, help="add-task runs SIGKILLed at a random moment")
+    parser.add_argument("--workers", type=int, default=1, help="killed runs at a time")
+    parser.add_argument("--no-points", action="store_true", help="skip the crash at every save point")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
@@ -218,11 +236,11 @@ def main() -> None:
         _, err = done.communicate()
         if done.returncode != 0:
             raise SystemExit(err)
-        results = {"fault_points": fault_points(base, work, data["a"])}
+        results = {} if args.no_points else {"fault_points": fault_points(base, work, data["a"])}
         print(json.dumps(results), file=sys.stderr, flush=True)
         results["concurrent"] = concurrent(base, work, [data["a"], data["b"]], args.trials)
         print(json.dumps(results["concurrent"]), file=sys.stderr, flush=True)
-        results["sigkill"] = kills(base, work, data["a"], args.kills, args.seed)
+        results["sigkill"] = kills(base, work, data["a"], args.kills, args.seed, args.workers)
     print(json.dumps(results, indent=2))
 
 

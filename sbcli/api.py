@@ -31,6 +31,8 @@ from sbcli.memory import ExemplarMemory
 from sbcli.methods import build_config
 from sbcli.metrics import history_summary
 from sbcli.nets import create_model, list_models
+from sbcli.plan import sequence_epochs
+from sbcli.results import write_results
 from sbcli.steps import StepSummary, evaluate_learner, learn_step
 from sbcli.store import legacy
 from sbcli.store.lock import writer_lock
@@ -166,6 +168,7 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         model = model.to(device)
         learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
     ordered = [names[c] for c in scenario.order]
+    _announce_plan(on_progress, learner.state, scenario.sizes)
     for step in range(learner.state.steps, len(scenario.sizes)):
         torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
         new = [names[c] for c in scenario.tasks[step]]
@@ -190,6 +193,14 @@ def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], or
     return step
 
 
+def _announce_plan(on_progress: ProgressFn | None, state: LearnerState, sizes: list[int]) -> None:
+    """Tell a progress callback that has ``on_plan`` the planned epochs of the steps still to run (for ETAs)."""
+    on_plan = getattr(on_progress, "on_plan", None)
+    if on_plan is not None and distributed.is_main_process():
+        planned = sequence_epochs(state.method, state.method_config, state.train_config["epochs"], sizes, state.steps)
+        on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})  # task number -> epochs
+
+
 def _tuples(cfg: dict) -> dict:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
 
@@ -211,6 +222,7 @@ def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None
             raise LearnerError(f"Could not save the learner to {out} ({err.strerror or err}: {err.filename}); what was "
                                "saved there before is unchanged: free some space or fix the permissions and run "
                                "the command again.") from err
+        write_results(learner.state, out)
     distributed.barrier(group)
 
 
@@ -274,6 +286,7 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else _empty(train_set)
     published = growing.published_files(learner_dir)
     cfg = TrainConfig(**_tuples(learner.state.train_config))
+    _announce_plan(on_progress, learner.state, [*(learner.state.class_task.count(t) for t in range(learner.state.steps)), len(new)])
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
     step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": record})
     evalsets.carry(learner, new_test, list(range(num_old, len(names))), opts.test_sample)
@@ -305,6 +318,7 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
     metrics = evaluate_learner(learner, engine, test)
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
             "test_images": len(test), "test_data": used, "metrics": metrics.to_json(), "history": state.history,
+            "accuracy_matrix": [h["metrics"]["per_task"] for h in state.history],
             "summary": history_summary(state.history)}
 
 

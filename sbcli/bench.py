@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from sbcli.bench_report import class_order_text, epochs_text, ran_on, ran_text, threads_text, what_ran
 from sbcli.errors import ConfigError
 from sbcli.jsonutil import strict
 from sbcli.registry import Registry
@@ -230,14 +231,16 @@ def run_bench(plan: BenchPlan, out: Path, *, plots: bool = True, on_cell: CellFn
         seq, run = cell_options(plan, cell, kind)
         api.train(seq, run, cell.directory(out), resume=action == "resume", on_progress=on_progress, on_step=on_step)
         ran.append(cell)
-    table = collect(plan, out, kind)
+    table = {**collect(plan, out, kind), "ran": ran_on(plan)}
     files, notes = write_outputs(table, out, plots)
     return BenchResult(out, ran, skipped, table, files, notes)
 
 
 def cell_summary(history: list[dict]) -> dict:
-    """One cell's numbers: both averages, last, and the per-step curves (accuracy, intra-old/new)."""
+    """One cell's numbers: both averages, last, the per-step curves (accuracy, intra-old/new) and
+    what ran: the epochs each step trained (every phase) and the precision of its phases."""
     from sbcli.metrics import history_summary
+    from sbcli.plan import actual_epochs
 
     overall = [h["metrics"]["overall"] for h in history]
     later = history[1:]
@@ -253,6 +256,8 @@ def cell_summary(history: list[dict]) -> dict:
         "old": _mean([h["metrics"]["old"] for h in later]),
         "new": _mean([h["metrics"]["new"] for h in later]),
         "seconds": round(sum(h.get("seconds", 0.0) for h in history), 1),
+        "epochs_per_step": actual_epochs(history),
+        "precision": sorted({p.get("precision", "fp32") for h in history for p in h.get("phases", [])}),
         **_network_summary(history),
     }
 
@@ -283,7 +288,8 @@ def collect(plan: BenchPlan, out: Path, kind: str) -> dict:
         for tasks in plan.task_counts:
             directory = Cell(name, tasks).directory(out)
             if steps_done(directory) >= tasks:
-                row["cells"][str(tasks)] = cell_summary(read_state(directory).history)
+                state = read_state(directory)
+                row["cells"][str(tasks)] = {**cell_summary(state.history), "rho": state.method_config.get("rho")}
         rows.append(row)
     return {"dataset": kind, "task_counts": list(plan.task_counts), "budget": plan.budget(), "methods": rows,
             "paper": paper_numbers(kind, plan.methods, plan.task_counts)}
@@ -326,10 +332,11 @@ def table_markdown(table: dict) -> str:
              f"Budget: {run['arch']} width {run['width']}, {_epochs(run['train']['epochs'])} a phase, batch "
              f"{run['train']['batch_size']}, lr {run['train']['lr']}, memory {run['memory']} ({run['selection']}), "
              f"classes {seq['classes'] or 'all'}, image size {seq['image_size'] or 'native'}, seed {run['seed']}, "
-             f"class order seed {seq['order_seed']}.", "",
+             f"class order {class_order_text(seq['order_seed'])}, precision {run['train'].get('precision', 'auto')}"
+             f"{threads_text(table)}.", "",
              "## Steps 2..T (the paper's Table 1 metric)", "", *_grid(table, "avg_2_to_T"), "",
              "## Steps 1..T", "", *_grid(table, "avg_1_to_T"), "",
-             "## Accuracy after the last step", "", *_grid(table, "last"), ""]
+             "## Accuracy after the last step", "", *_grid(table, "last"), "", *what_ran(table)]
     if table.get("paper"):
         heads = [f"{t} tasks" for t in table["task_counts"]]
         lines += ["## The paper's Table 1 (steps 2..T; ResNet-18, memory 2000, 200 epochs a phase)", "",
@@ -339,6 +346,27 @@ def table_markdown(table: dict) -> str:
             lines.append(f"| {row['label']} | " + " | ".join(_fmt(paper.get(str(t))) for t in table["task_counts"]) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def describe(plan: BenchPlan, kind: str) -> list[str]:
+    """What the grid will run, said before it starts: epochs per step of each row, rho, class order."""
+    from sbcli.methods import build_config
+    from sbcli.plan import sequence_epochs
+
+    lines = [f"Bench on {plan.seq.source or 'demo'} ({kind}): class order {class_order_text(plan.seq.order_seed)}, "
+             f"{plan.run.train.epochs} epochs a phase, {ran_text(plan)}."]
+    for name in plan.methods:
+        parts = []
+        for tasks in plan.task_counts:
+            seq, run = cell_options(plan, Cell(name, tasks), kind)
+            options = dataclasses.asdict(build_config(run.method, run.method_options))
+            epochs = sequence_epochs(run.method, options, run.train.epochs, [1] * tasks)
+            rho = f", rho {options['rho']:g}" if run.method == "sb" else ""
+            if run.method == "sb" and plan.rho is None and tasks not in PAPER_RHO.get(kind, {}):
+                rho += " (the paper gives none here; --rho sets it)"
+            parts.append(f"T{tasks}: {epochs_text(epochs)}{rho}")
+        lines.append(f"  {name}: epochs per step " + "; ".join(parts))
+    return lines
 
 
 def write_outputs(table: dict, out: Path, plots: bool) -> tuple[list[Path], list[str]]:

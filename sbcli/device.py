@@ -75,6 +75,25 @@ def cudnn_autotune(device: torch.device) -> Iterator[None]:
 
 
 @contextmanager
+def exact_float32(device: torch.device) -> Iterator[None]:
+    """On CUDA, float32 convolutions and matrix products in full float32 rather than TF32.
+
+    cuDNN computes float32 convolutions in TF32 by default (10-bit mantissa): then a CUDA
+    evaluation would differ from the CPU's and the ONNX model's by about 1e-3 and could flip an
+    argmax. Scoring is a small part of a run, so it is done in full precision. No-op elsewhere.
+    """
+    if device.type != "cuda":
+        yield
+        return
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+@contextmanager
 def compute_threads(threads: int | None) -> Iterator[None]:
     """Compute on ``threads`` CPU threads inside the block (None: leave torch's setting), then restore."""
     if threads is None:

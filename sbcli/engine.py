@@ -7,8 +7,9 @@ device-resident uint8 images, augmentation on the device, the teacher's forward 
 step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autocast wherever the
 device computes in bf16 natively (see :func:`native_bf16`; ``TrainConfig.precision`` overrides it),
 a fused optimiser on CUDA. Losses are summed
-on the device and read once per epoch, so an epoch has no host synchronisation. Measurements:
-docs/performance.md (benchmarks/engine_speed.py).
+on the device and read once per epoch, so an epoch has no host synchronisation (tests/test_gpu.py
+counts them on CUDA). Evaluation runs in full float32, without TF32 on CUDA (:func:`sbcli.device.exact_float32`).
+Measurements: docs/performance.md (benchmarks/engine_speed.py).
 
 Under torchrun (see :mod:`sbcli.distributed`) the student is wrapped in DistributedDataParallel:
 every rank draws the same permutation and trains on its slice of each batch, the epoch's loss is
@@ -32,6 +33,7 @@ from sbcli.device import (
     PRECISIONS,
     compute_threads,
     cudnn_autotune,
+    exact_float32,
     native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
     uses_bf16,
 )
@@ -75,8 +77,8 @@ class TrainConfig:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
         if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
             raise ConfigError("--epochs, --batch-size and --eval-batch-size must be at least 1.")
-        if self.lr <= 0 or self.momentum < 0 or self.weight_decay < 0 or not 0 < self.lr_decay <= 1:
-            raise ConfigError("--lr must be positive, --momentum and --weight-decay not negative, --lr-decay in (0, 1].")
+        if self.lr < 0 or self.momentum < 0 or self.weight_decay < 0 or not 0 < self.lr_decay <= 1:
+            raise ConfigError("--lr, --momentum and --weight-decay must not be negative, --lr-decay in (0, 1].")
         if self.nesterov and self.momentum == 0:
             raise ConfigError("Nesterov momentum needs --momentum above 0; give --momentum or --no-nesterov.")
         if not all(0 < f <= 1 for f in self.milestones):
@@ -122,6 +124,7 @@ class ProgressEvent:
     loss: float
     images_per_s: float
     precision: str = "fp32"  # what the steps compute in: "bf16" (autocast) or "fp32"
+    lr: float = float("nan")  # the learning rate the epoch's steps used (the last step's, with a per-step schedule)
 
 
 @dataclass
@@ -159,7 +162,11 @@ def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int, bat
 
 
 class Engine:
-    """Runs phases on one device; emits a :class:`ProgressEvent` per epoch."""
+    """Runs phases on one device; emits a :class:`ProgressEvent` per epoch.
+
+    When ``on_progress`` also has an ``on_batch(done, total)`` method (the CLI's live bars), it is
+    called after each batch is launched: a Python call, no device synchronisation.
+    """
 
     def __init__(self, cfg: TrainConfig, device: torch.device, norm: Normalization, seed: int,
                  on_progress: Callable[[ProgressEvent], None] | None = None) -> None:
@@ -170,6 +177,7 @@ class Engine:
         self.generator = torch.Generator().manual_seed(seed)  # permutations: the same on every rank
         self.augment_generator = self._augment_generator(seed)
         self.on_progress = on_progress
+        self.on_batch = getattr(on_progress, "on_batch", None) if self.dist.is_main else None
         self.task = 0
         self.validator: Validator | None = None  # --val-fraction: set per step, picks each phase's best epoch
         self.channels_last = True
@@ -211,17 +219,22 @@ class Engine:
             student.train()
             epoch_start = time.perf_counter()
             total, count = torch.zeros((), device=self.device), 0
+            size, bs = len(data), self.cfg.batch_size  # the batches batch_indices yields, for the live bars
+            batches = size // bs if self.cfg.drop_last and size >= bs else -(-size // bs)
             for batch in data.batch_indices(self.cfg.batch_size, self.generator, self.cfg.drop_last):
                 idx = distributed.shard(batch, self.dist)
                 sched.before_step()
                 total += self._step(student, teacher, model, data, idx, phase, opt).detach()
                 count += 1
+                if self.on_batch is not None:
+                    self.on_batch(count, batches)
+            lr = opt.param_groups[0]["lr"]
             sched.step()
             loss = self._epoch_loss(total, count)  # the epoch's one host synchronisation
             self._check_finite(loss, phase, epoch)
             n = count * min(self.cfg.batch_size, len(data))  # over all ranks
             seen += n
-            self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9))
+            self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9), lr)
             if selection is not None:
                 selection.after_epoch(self, model, epoch, phase.epochs)
         extra = {} if selection is None else selection.finish(model, phase.epochs)
@@ -271,9 +284,9 @@ class Engine:
         """``torch.compile`` (once per phase: the wrapper is built here, graphs on first use)."""
         return torch.compile(model) if self.cfg.compile else model
 
-    def _emit(self, phase: Phase, epoch: int, loss: float, rate: float) -> None:
+    def _emit(self, phase: Phase, epoch: int, loss: float, rate: float, lr: float) -> None:
         if self.on_progress is not None and self.dist.is_main:
-            self.on_progress(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision))
+            self.on_progress(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision, lr))
 
     @torch.no_grad()
     def logits(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -302,10 +315,11 @@ class Engine:
         # a rank with an empty shard still runs one empty batch, so that it has rows to gather
         starts = list(range(lo, hi, self.cfg.eval_batch_size)) or ([lo] if self.dist.enabled else [])
         outputs = []
-        for start in starts:
-            x = normalize(images[start : min(hi, start + self.cfg.eval_batch_size)].to(self.device), self.norm,
-                          self.channels_last)
-            outputs.append(model.forward_features(x) if features else model(x))
+        with exact_float32(self.device):
+            for start in starts:
+                x = normalize(images[start : min(hi, start + self.cfg.eval_batch_size)].to(self.device), self.norm,
+                              self.channels_last)
+                outputs.append(model.forward_features(x) if features else model(x))
         model.train(was_training)
         if not outputs:
             return torch.zeros(0)

@@ -1,9 +1,25 @@
-"""Strict JSON at the edges: NaN and infinities (a metric without samples) become null."""
+"""JSON at the edges: strict (NaN and infinities, a metric without samples, become null) and rounded.
+
+:func:`rounded` is what ``--json`` prints: percentages to 2 decimals and seconds (and images/s)
+to 1, chosen by key name, at any depth; every other number (losses, learning rates, the ONNX
+parity's differences, probabilities) is left exact. Files the learner keeps (``learner.json``) are
+never rounded.
+"""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+
+# Keys whose numbers are percentages (accuracies, their averages, forgetting), wherever they sit.
+PERCENT_KEYS = frozenset({
+    "overall", "old", "new", "intra_old", "intra_new", "per_task", "accuracy", "accuracy_matrix", "accuracy_per_step",
+    "last", "forgetting",
+    "avg_incremental_2_to_T", "avg_incremental_1_to_T", "avg_2_to_T", "avg_1_to_T",
+})
+# Keys whose numbers are durations in seconds or throughputs.
+SECONDS_KEYS = frozenset({"seconds", "images_per_s"})
+DIGITS = {**dict.fromkeys(PERCENT_KEYS, 2), **dict.fromkeys(SECONDS_KEYS, 1)}
 
 
 def strict(value: Any) -> Any:
@@ -15,3 +31,20 @@ def strict(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [strict(v) for v in value]
     return value
+
+
+def round_to(value: float, digits: int) -> float:
+    """``round(value, digits)`` for a finite float; anything else unchanged."""
+    return round(value, digits) if isinstance(value, float) and math.isfinite(value) else value
+
+
+def rounded(value: Any, digits: int | None = None) -> Any:
+    """``value`` with the numbers under :data:`PERCENT_KEYS` and :data:`SECONDS_KEYS` rounded, at any depth."""
+    if isinstance(value, dict):
+        return {k: rounded(v, DIGITS.get(k)) for k, v in value.items()}  # a dict's own keys decide for it
+    if isinstance(value, (list, tuple)):
+        return [rounded(v, digits) for v in value]
+    if digits is not None and isinstance(value, float):
+        return round_to(value, digits)
+    return value
+

@@ -130,11 +130,11 @@ class Learner:
         files = stored.step_files(step)
         root = stored.root
         state = _step_state(stored, step)
-        model = create_model(state.arch, state.num_classes, state.width)
         tensors = _tensors(root / files["model"])
+        validate.check_model_tensors(tensors, state, root / files["model"])  # before any network is built
+        model = create_model(state.arch, state.num_classes, state.width)
         extra = {k[len(EXTRA_PREFIX):]: v for k, v in tensors.items() if k.startswith(EXTRA_PREFIX)}
         weights = {k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)}
-        validate.check_model_tensors(weights, state, root / files["model"])
         try:
             model.load_state_dict(weights)
         except RuntimeError as err:

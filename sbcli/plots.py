@@ -3,7 +3,9 @@
 - :func:`accuracy_per_step`: accuracy over all seen classes after each step, one line per method,
   one panel per task count (the paper's Figures 3 and 4);
 - :func:`intra_old_new`: intra-old and intra-new accuracy averaged over steps 2..T, two bars per
-  method, one panel per task count (the paper's Figure 5).
+  method, one panel per task count (the paper's Figure 5);
+- :func:`learner_accuracy`: one learner's ``accuracy.png`` from its history (accuracy, old and new
+  after each step, and Split-and-Bridge's accuracy after phases B and C where it has them).
 
 matplotlib is imported inside the functions, with the non-interactive Agg backend.
 """
@@ -120,6 +122,37 @@ def _bar(ax, x: float, value: float | None, color: str, label: str) -> None:
         return
     ax.bar(x, value, width=0.38, color=color, label=label)
     ax.text(x, value + 1, f"{value:.0f}", ha="center", va="bottom", fontsize=7)
+
+
+def learner_accuracy(history: list[dict], path: Path, title: str) -> Path:
+    """Draw one learner's accuracy, old and new accuracy (and S&B's ablation) per step; returns ``path``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8.0, 4.2))
+    classes = [h["num_classes"] for h in history]
+    lines = (("accuracy", "overall", {"color": "#222222", "marker": "o", "linewidth": 2.2}),
+             ("old classes", "old", {"color": OLD_COLOR, "marker": "s", "linestyle": "--"}),
+             ("new classes", "new", {"color": NEW_COLOR, "marker": "^", "linestyle": "--"}))
+    for label, key, style in lines:
+        ax.plot(classes, [_value(h["metrics"][key]) for h in history], label=label, markersize=5, **style)
+    ablation = [(h["num_classes"], h["record"]) for h in history if "after_C" in h.get("record", {})]
+    for label, key, style in (("S&B split only (after B)", "after_B", {"color": "#2ca02c", "marker": "x"}),
+                              ("S&B split + bridge (after C)", "after_C", {"color": "#d62728", "marker": "+"})):
+        points = [(n, r[key]["overall"]) for n, r in ablation if key in r]
+        if points:
+            ax.plot(*zip(*points, strict=True), label=label, linestyle="none", markersize=9, **style)
+    ax.set_xticks(classes)
+    ax.set_ylim(0, 102)
+    ax.set_xlabel("classes seen")
+    ax.set_ylabel("top-1 accuracy (%)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside: no point hidden
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return _save(plt, fig, path)
+
+
+def _value(value: float | None) -> float:
+    return math.nan if value is None else value
 
 
 def _save(plt, fig, path: Path) -> Path:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest_hub import fake_hub, hf_offline, no_internet, no_retry_wait  # noqa: F401  (fixtures)
+from conftest_runs import grown_run  # noqa: F401  (fixture)
 from PIL import Image
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

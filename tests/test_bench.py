@@ -1,5 +1,6 @@
 """`sb bench`: the grid runs, writes Table 1 (Markdown + JSON) and figures, and resumes."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -186,3 +187,25 @@ def test_std_icarl_cells_show_the_network_output_beside_the_nearest_mean():
              "methods": [{"name": "std-icarl", "label": "STD + iCaRL", "cells": {"2": cell}}]}
     md = bench.table_markdown(table)
     assert "| STD + iCaRL | 60.00 |" in md and "| STD + iCaRL, network output | 40.00 |" in md
+
+
+def test_bench_says_what_each_row_runs_before_it_starts(colors):
+    p = plan(colors, methods=("std-wa", "sb-wa", "dd-wa"), tasks=(2, 5), epochs=4)
+    p = dataclasses.replace(p, seq=dataclasses.replace(p.seq, order_seed=None))
+    lines = bench.describe(p, "folder")
+    assert "class order as in the dataset (--order-seed -1)" in lines[0] and "seed None" not in lines[0]
+    assert "threads" in lines[0] and ("(bf16 on cpu)" in lines[0] or "(fp32 on cpu)" in lines[0])
+    assert lines[1] == "  std-wa: epochs per step T2: 4×2; T5: 4×5"
+    # step 2 of 2: bf = 1/2, split (A+B+C); 5 tasks: split at every later step with rho 1
+    assert lines[2] == ("  sb-wa: epochs per step T2: 4, 12, rho 1 (the paper gives none here; --rho sets it); "
+                        "T5: 4, 12×4, rho 1 (the paper gives none here; --rho sets it)")
+    assert lines[3] == "  dd-wa: epochs per step T2: 4, 8; T5: 4, 8×4"
+
+
+def test_markdown_says_what_ran_per_cell(finished):
+    out, result = finished
+    md = (out / "table.md").read_text()
+    assert "## What ran" in md and "| Fine-tuning | 2 | 1×2 | – | " in md
+    assert "class order seed 0" in md and "threads)" in md
+    cell = result.table["methods"][1]["cells"]["2"]
+    assert cell["epochs_per_step"] == [1, 1] and cell["rho"] is None and cell["precision"] in (["bf16"], ["fp32"])

@@ -26,9 +26,14 @@ def tree(folder: Path) -> dict[str, str]:
 
 
 def fake_step(learner: Learner, value: float) -> None:
-    """Record one more step without training: the history grows and one weight marks the step."""
-    learner.state.tasks.append(learner.state.tasks[-1])  # one task per step (checked at load)
-    learner.state.history.append({**learner.state.history[-1], "step": learner.state.steps + 1})
+    """Record one more step without training: one new class, and one weight marks the step."""
+    state, step = learner.state, learner.state.steps
+    name = f"fake-{step + 1}-{len(state.class_names)}"
+    state.class_names.append(name)
+    state.class_task.append(step)
+    state.tasks.append({**state.tasks[-1], "classes": [name]})
+    state.history.append({**state.history[-1], "step": step + 1, "num_classes": len(state.class_names)})
+    learner.model.expand_classes(1)
     with torch.no_grad():
         next(iter(learner.model.parameters())).view(-1)[0] = value
 

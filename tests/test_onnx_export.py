@@ -56,7 +56,8 @@ def make_learner(method: str = "std", tasks: tuple[int, ...] = (3, 2), exemplars
     state = LearnerState(arch="resnet18", width=0.125, image_size=size, normalization=NORM, method=method,
                          method_config=asdict(build_config(method, {})), train_config=asdict(TrainConfig(epochs=1)),
                          memory={"budget": exemplars, "selection": "random", "seed": 0}, seed=0, class_names=names,
-                         class_task=owner, tasks=[{"classes": [], "source": {"kind": "demo"}}] * len(tasks),
+                         class_task=owner, tasks=[{"classes": [n for n, t in zip(names, owner, strict=True) if t == i],
+                                                  "source": {"kind": "demo"}} for i in range(len(tasks))],
                          history=history, provenance={"dataset": "synthetic", "sbcli_version": "test"})
     model = create_model("resnet18", len(names), 0.125)
     randomize(model, seed)

@@ -36,7 +36,9 @@ def make_learner(seed: int = 0) -> Learner:
     state = LearnerState(arch="resnet18", width=0.125, image_size=SIZE, normalization={"mean": [0.5] * 3, "std": [0.25] * 3},
                          method="std", method_config=asdict(build_config("std", {})), train_config=asdict(TrainConfig()),
                          memory={"budget": 10, "selection": "random", "seed": 0}, seed=0, class_names=list(NAMES),
-                         class_task=[0, 0, 0, 1, 1], tasks=[], history=[{"step": 1}, {"step": 2}],
+                         class_task=[0, 0, 0, 1, 1],
+                         tasks=[{"classes": NAMES[:3], "source": {"kind": "demo"}}, {"classes": NAMES[3:], "source": {"kind": "demo"}}],
+                         history=[{"step": t, "metrics": {"overall": 50.0, "per_task": [50.0] * t}} for t in (1, 2)],
                          provenance={"dataset": "synthetic"})
     model = create_model("resnet18", len(NAMES), 0.125)
     with torch.no_grad():

@@ -44,9 +44,6 @@ def base(color_data, tmp_path_factory) -> Path:
 def two_steps(base: Path, target: Path) -> Learner:
     """A learner with steps 1 and 2 (marked 1.0 and 2.0), keeping 2 steps, plus a crash's leftovers."""
     learner = Learner.load(base)
-    fake_step(learner, 0.0)
-    learner.state.history.pop()
-    learner.state.tasks.pop()
     with torch.no_grad():
         next(iter(learner.model.parameters())).view(-1)[0] = 1.0
     learner.save(target, keep=2)
@@ -111,9 +108,9 @@ def test_a_killed_process_at_a_fault_point_leaves_the_old_learner(base, tmp_path
     script = textwrap.dedent(f"""
         import torch
         from sbcli.learner import Learner
+        from test_learner import fake_step
         learner = Learner.load({str(target)!r})
-        learner.state.tasks.append(learner.state.tasks[-1])
-        learner.state.history.append(dict(learner.state.history[-1], step=3))
+        fake_step(learner, 3.0)
         learner.save({str(target)!r})
     """)
     for point, expected_steps in (("fsync:learner.json.tmp", 2), ("fsync:root", 3)):

@@ -14,7 +14,9 @@ from sbcli.cli._options import (
     JsonOpt,
     KeepOpt,
     LearnerArg,
+    LogOpt,
     NoTestSampleOpt,
+    QuietOpt,
     TestOpt,
     TestRootsOpt,
     WarmupOpt,
@@ -41,33 +43,45 @@ def add_task(
     keep: KeepOpt = None,
     warmup_epochs: WarmupOpt = None,
     device: DeviceOpt = "auto",
+    log: LogOpt = None,
+    quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Add a new class set to a learner (the learner is rewritten only when the step is done)."""
-    from sbcli import api, distributed
-    from sbcli.cli import render
+    from sbcli import api, distributed, loggers
+    from sbcli.cli import progress, render
+    from sbcli.cli.runs import closing_line
     from sbcli.learner import read_state
+    from sbcli.metrics import history_summary
+    from sbcli.plan import actual_epochs
 
-    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints
-    if main:
-        render.ERR.print(f"Adding the classes of {folder} to {learner}", highlight=False)
-    with distributed.session(device):
+    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
+    loggers.check_kinds(log or [])
+    state = read_state(learner)
+    reporter = progress.reporter(quiet or not main, every=max(1, (epochs or state.train_config["epochs"]) // 10))
+    with distributed.session(device), reporter:
+        if main and log:
+            options = {"learner": str(learner), "folder": str(folder), "method": state.method,
+                       "method_config": state.method_config, "train": {**state.train_config, "epochs": epochs or state.train_config["epochs"]}}
+            before = sum(actual_epochs(state.history))
+            reporter.open_logs = lambda: loggers.open_logs(log, learner, options, before)
+        reporter.note(f"Adding the classes of {folder} to {learner}")
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal)
         step = api.add_task(learner, folder, test, device=device, keep=keep, options=options,
-                            warmup_epochs=warmup_epochs,
-                            on_progress=render.ProgressPrinter(5))
+                            warmup_epochs=warmup_epochs, on_progress=reporter)
+        reporter.step(step)
+        for note in step.notes:
+            reporter.note(note)
     if not main:
         return
-    render.step_line(step)
-    for note in step.notes:
-        render.ERR.print(note, highlight=False, soft_wrap=True)
     history = read_state(learner).history
+    result = history_summary(history)
     if json_out:
         render.print_json({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(),
-                           "history": history, "notes": step.notes})
+                           "history": history, "summary": result, "notes": step.notes})
         return
-    render.OUT.print(render.history_table(history))
-    ablation = render.ablation_table(history)
-    if ablation is not None:
-        render.OUT.print(ablation)
+    for table in render.closing_tables(history, result):
+        render.OUT.print(table)
+    render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
+    render.OUT.print(f"Learner {learner} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")

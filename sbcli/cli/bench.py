@@ -13,6 +13,7 @@ from sbcli.cli._options import (
     METHOD,
     OUT,
     JsonOpt,
+    QuietOpt,
     with_run_options,
 )
 
@@ -62,24 +63,29 @@ def bench(
     test: Annotated[Optional[Path], typer.Option("--test", help="Class-per-folder test images, for a folder source.", rich_help_panel=DATA, show_default=False)] = None,
     rho: Annotated[Optional[float], typer.Option("--rho", help="S&B's rho for every column (default: the paper's value per task count).", rich_help_panel=METHOD, show_default=False)] = None,
     plots: Annotated[bool, typer.Option("--plots/--no-plots", help="Draw the PNG figures (needs matplotlib).", rich_help_panel=OUT)] = True,
+    quiet: QuietOpt = False,
     json_out: JsonOpt = False,
     **run_options: Any,
 ) -> None:
     """Run a grid of methods x task counts with one budget (resumable); write Table 1 and Figures 3-5."""
-    from sbcli.bench import run_bench
-    from sbcli.cli import render
+    from sbcli.bench import dataset_kind, describe, run_bench
+    from sbcli.cli import progress, render
 
-    given = {k: v for k, v in locals().items() if k not in ("out", "plots", "json_out", "run_options")}
+    given = {k: v for k, v in locals().items() if k not in ("out", "plots", "json_out", "run_options", "quiet")}
     plan = build_plan({**given, **run_options})
+    reporter = progress.reporter(quiet, every=max(1, plan.run.train.epochs // 5))
 
     def on_cell(cell, index, count, action):
-        render.ERR.print(f"[bold]cell {index}/{count}[/]: {cell.method}, {cell.tasks} tasks · {action}", highlight=False)
+        title = f"cell {index}/{count}: {cell.method}, {cell.tasks} tasks"
+        reporter.set_title(title)
+        reporter.note(f"{title} · {action}")
 
-    every = max(1, plan.run.train.epochs // 5)
-    result = run_bench(plan, out, plots=plots, on_cell=on_cell, on_progress=render.ProgressPrinter(every),
-                       on_step=render.step_line)
-    for note in result.notes:
-        render.ERR.print(note, highlight=False)
+    with reporter:
+        for line in describe(plan, dataset_kind(plan)):
+            reporter.note(line)
+        result = run_bench(plan, out, plots=plots, on_cell=on_cell, on_progress=reporter, on_step=reporter.step)
+        for note in result.notes:
+            reporter.note(note)
     if json_out:
         render.print_json({**result.table, "files": [str(f) for f in result.files]})
         return

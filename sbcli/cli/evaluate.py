@@ -19,6 +19,8 @@ EPILOG = """Examples:
   sb evaluate my-learner ./holdout --json # on a class-per-folder directory
 
   sb evaluate my-learner --step 2         # the learner as it was after step 2 (a kept step)
+
+  sb evaluate my-learner --matrix         # also the step x task accuracy matrix
 """
 
 
@@ -29,6 +31,7 @@ def evaluate(
     data_roots: TestRootsOpt = None,
     step: StepOpt = None,
     device: DeviceOpt = "auto",
+    matrix: Annotated[bool, typer.Option("--matrix", help="Also print the accuracy matrix: after each step (rows), on each task's classes (columns).")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Evaluate a learner now, and show its per-step history and summary."""
@@ -47,13 +50,12 @@ def evaluate(
                          highlight=False, soft_wrap=True)
     m = result["metrics"]
     table = render.Table(title=f"{result['learner']}: {result['method']}, {result['classes']} classes, {result['test_images']} test images")
-    for col in ("accuracy", "old", "new", "intra-old", "intra-new", "per task"):
+    for col in ("accuracy", "old", "new", "intra-old", "intra-new"):
         table.add_column(col, justify="right")
     table.add_row(render.fmt(m["overall"]), render.fmt(m["old"]), render.fmt(m["new"]), render.fmt(m["intra_old"]),
-                  render.fmt(m["intra_new"]), " ".join(render.fmt(v, 1) for v in m["per_task"]))
+                  render.fmt(m["intra_new"]))
     render.OUT.print(table)
-    render.OUT.print(render.history_table(result["history"]))
-    ablation = render.ablation_table(result["history"])
-    if ablation is not None:
-        render.OUT.print(ablation)
-    render.OUT.print(render.summary_table(result["summary"]))
+    if matrix:
+        render.OUT.print(render.matrix_table(result["history"], m["per_task"]))
+    for table in render.closing_tables(result["history"], result["summary"]):
+        render.OUT.print(table)

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import OUT, JsonOpt, LearnerArg, StepOpt
+from sbcli.cli._options import OUT, JsonOpt, LearnerArg, QuietOpt, StepOpt
 
 FORMATS = ("onnx", "triton")
 HUB = "Hub"
@@ -62,11 +62,12 @@ def export(
     half: HalfOpt = False,
     opset: OpsetOpt = None,
     license_: Annotated[str, typer.Option("--license", help="License id for the model card (a Hub license id, e.g. apache-2.0, mit, cc-by-4.0).", rich_help_panel=HUB)] = "unknown",
+    quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Export a learner: an ONNX classifier checked against PyTorch, or a push to the Hub."""
     from sbcli import api
-    from sbcli.cli import render
+    from sbcli.cli import progress, render
 
     if format_ not in FORMATS:
         raise typer.BadParameter(f"'{format_}' is not a format; choose one of: {', '.join(FORMATS)}.", param_hint="--format")
@@ -75,16 +76,19 @@ def export(
     if format_ == "triton":
         if to_hub is not None:
             raise typer.BadParameter("--format triton writes a local model repository; push with --format onnx.", param_hint="--to-hub")
-        _triton(learner, out, half, opset, json_out)
+        _triton(learner, out, half, opset, json_out, quiet)
         return
-    if to_hub is None or out is not None:
-        path = out or Path(f"{learner.resolve().name}.onnx")
-        render.ERR.print(f"Exporting {learner} to {path}", highlight=False)
-        result["onnx"] = api.export_onnx(learner, path, half=half, opset=opset, step=step, overwrite=overwrite).to_json()
-    if to_hub is not None:
-        render.ERR.print(f"Pushing {learner} to {to_hub}" + (" with its exemplar memory" if with_memory else ""), highlight=False)
-        result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token,
-                                 license=license_).to_json()
+    with progress.reporter(quiet) as reporter:
+        if to_hub is None or out is not None:
+            path = out or Path(f"{learner.resolve().name}.onnx")
+            with reporter.status(f"Exporting {learner} to {path} and checking it against PyTorch in onnxruntime"):
+                result["onnx"] = api.export_onnx(learner, path, half=half, opset=opset, step=step,
+                                                   overwrite=overwrite).to_json()
+        if to_hub is not None:
+            memory = " with its exemplar memory" if with_memory else ""
+            with reporter.status(f"Pushing {learner} to {to_hub}{memory} (ONNX export and parity check first)"):
+                result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token,
+                                         license=license_).to_json()
     if json_out:
         render.print_json(result)
         return
@@ -104,14 +108,14 @@ def export(
             render.OUT.print("main was left as it is: it holds a later step of this sequence.")
 
 
-def _triton(learner: Path, out: Optional[Path], half: bool, opset: Optional[int], json_out: bool) -> None:
+def _triton(learner: Path, out: Optional[Path], half: bool, opset: Optional[int], json_out: bool, quiet: bool) -> None:
     """`--format triton`: a model repository at OUT (default ./model_repository)."""
     from sbcli import api
-    from sbcli.cli import render
+    from sbcli.cli import progress, render
 
     repo = out or Path("model_repository")
-    render.ERR.print(f"Exporting {learner} to the Triton model repository {repo}", highlight=False)
-    report = api.export_triton(learner, repo, half=half, opset=opset).to_json()
+    with progress.reporter(quiet) as reporter, reporter.status(f"Exporting {learner} to the Triton model repository {repo}"):
+        report = api.export_triton(learner, repo, half=half, opset=opset).to_json()
     if json_out:
         render.print_json(report)
         return

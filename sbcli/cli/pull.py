@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import OUT, JsonOpt
+from sbcli.cli._options import OUT, JsonOpt, QuietOpt
 
 HUB = "Hub"
 
@@ -51,6 +52,7 @@ def pull(
     offline: Annotated[bool, typer.Option("--offline", help="Use only the local cache (as HF_HUB_OFFLINE=1 does).", rich_help_panel=HUB)] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the Hub before using the cache.", rich_help_panel=HUB)] = 10.0,
     token: Annotated[Optional[str], typer.Option("--token", help="Hub access token (default: HF_TOKEN or the stored login).", rich_help_panel=HUB, show_default=False)] = None,
+    quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Download a pretrained learner (zoo name or Hub repository) and print where it is."""
@@ -66,9 +68,16 @@ def pull(
         return
     if ref is None:
         raise typer.BadParameter("give a zoo name or OWNER/NAME to pull, or --list to see the zoo.", param_hint="REF")
+    if quiet and importlib.util.find_spec("huggingface_hub") is not None:
+        from huggingface_hub.utils import disable_progress_bars  # its own download bars on stderr
+
+        disable_progress_bars()
     report = api.pull(ref, out, index=index, offline=offline, timeout=timeout, token=token)
     if json_out:
         render.print_json(report.to_json())
+        return
+    if quiet:
+        typer.echo(str(report.path))
         return
     checked = f"{len(report.verified)} files verified against the zoo index" if report.verified else "no zoo hashes to check"
     cache = ", from the local cache" if report.from_cache else ""

@@ -1,4 +1,4 @@
-"""Rendering: progress on stderr, results (tables or JSON) on stdout."""
+"""Rendering: results (tables or JSON) on stdout; the progress on stderr is :mod:`sbcli.cli.progress`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from sbcli.jsonutil import strict
+from sbcli.jsonutil import rounded, strict
 
 ERR = Console(stderr=True)
 OUT = Console(highlight=False)
@@ -21,33 +21,44 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
-class ProgressPrinter:
-    """Prints one line per epoch to stderr (every ``every`` epochs and the last of a phase)."""
-
-    def __init__(self, every: int = 1) -> None:
-        self.every = every
-
-    def __call__(self, event: Any) -> None:
-        if event.epoch % self.every == 0 or event.epoch == event.epochs:
-            ERR.print(f"task {event.task} · phase {event.phase} · epoch {event.epoch}/{event.epochs} · "
-                      f"loss {event.loss:.4f} · {event.images_per_s:,.0f} img/s · {event.precision}", highlight=False)
-
-
-def step_line(step: Any) -> None:
-    m = step.metrics
-    ERR.print(f"[bold]step {step.step}[/] done: {step.num_classes} classes, accuracy {fmt(m.overall)} % "
-              f"(old {fmt(m.old)}, new {fmt(m.new)}) in {step.seconds:.1f} s", highlight=False)
-
-
 def history_table(history: list[dict], title: str = "Accuracy after each step (%)") -> Table:
+    """One row per step: classes, accuracy, old, new, intra-old, intra-new (per task: :func:`matrix_table`)."""
     table = Table(title=title)
-    for col in ("step", "classes", "accuracy", "old", "new", "intra-old", "intra-new", "per task"):
-        table.add_column(col, justify="right" if col != "per task" else "left")
+    for col in ("step", "classes", "accuracy", "old", "new", "intra-old", "intra-new"):
+        table.add_column(col, justify="right")
     for h in history:
         m = h["metrics"]
         table.add_row(str(h["step"]), str(h["num_classes"]), fmt(m["overall"]), fmt(m["old"]), fmt(m["new"]),
-                      fmt(m["intra_old"]), fmt(m["intra_new"]), " ".join(fmt(v, 1) for v in m["per_task"]))
+                      fmt(m["intra_old"]), fmt(m["intra_new"]))
     return table
+
+
+def matrix_table(history: list[dict], now: list[float] | None = None) -> Table:
+    """The accuracy matrix: row t is after step t, column j the accuracy on task j's classes.
+
+    ``now``, when given, is a last row: the learner evaluated now (e.g. on another test folder).
+    """
+    rows = [(f"after {h['step']}", h["metrics"]["per_task"]) for h in history]
+    if now is not None:
+        rows.append(("now", now))
+    width = max((len(r) for _, r in rows), default=0)
+    table = Table(title="Accuracy matrix (%): each task's classes after each step")
+    table.add_column("step", justify="left")
+    for j in range(width):
+        table.add_column(f"task {j + 1}", justify="right")
+    for name, row in rows:
+        table.add_row(name, *(fmt(v) for v in row), *([""] * (width - len(row))))
+    return table
+
+
+def closing_tables(history: list[dict], summary: dict) -> list[Table]:
+    """What `sb train`, `sb add-task` and `sb evaluate` end with: the steps, the S&B ablation, the summary."""
+    tables = [history_table(history)]
+    ablation = ablation_table(history)
+    if ablation is not None:
+        tables.append(ablation)
+    tables.append(summary_table(summary))
+    return tables
 
 
 def ablation_table(history: list[dict]) -> Table | None:
@@ -80,6 +91,14 @@ def summary_table(summary: dict) -> Table:
     return table
 
 
+def png_note(learner: Any) -> str:
+    """`` and accuracy.png`` when the learner directory has one (the plots extra draws it)."""
+    from pathlib import Path
+
+    return " and accuracy.png" if (Path(learner) / "accuracy.png").is_file() else ""
+
+
 def print_json(data: Any) -> None:
-    """Strict JSON on stdout: NaN (no value, e.g. intra-old at step 1) becomes null."""
-    OUT.out(json.dumps(strict(data), indent=2), highlight=False)
+    """Strict JSON on stdout: NaN (no value, e.g. intra-old at step 1) becomes null; percentages are
+    rounded to 2 decimals and seconds to 1 (:func:`sbcli.jsonutil.rounded`)."""
+    OUT.out(json.dumps(strict(rounded(data)), indent=2), highlight=False)

@@ -9,17 +9,23 @@ from sbcli.cli import render
 from sbcli.config import build_options, merge  # noqa: F401  (their old home; the config layer owns them)
 
 
-def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool, keep: int | None = None) -> None:
-    from sbcli import api, distributed
+def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool, quiet: bool = False,
+                 log: list[str] | None = None, keep: int | None = None) -> None:
+    import dataclasses
+
+    from sbcli import api, distributed, loggers
+    from sbcli.cli import progress
     from sbcli.metrics import history_summary
 
-    every = max(1, run.train.epochs // 10)
-    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints
-    if main:
-        render.ERR.print(f"Training [bold]{run.method}[/] on {seq.source or 'demo'} → {out}", highlight=False)
-    with distributed.session(run.device):
-        learner = api.train(seq, run, out, resume=resume, keep=keep, on_progress=render.ProgressPrinter(every),
-                            on_step=render.step_line)
+    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
+    loggers.check_kinds(log or [])
+    reporter = progress.reporter(quiet or not main, every=max(1, run.train.epochs // 10))
+    with distributed.session(run.device), reporter:
+        if main and log:
+            options = {"sequence": dataclasses.asdict(seq), "run": dataclasses.asdict(run)}
+            reporter.open_logs = lambda: loggers.open_logs(log, out, options)
+        reporter.note(f"Training {run.method} on {seq.source or 'demo'} → {out}")
+        learner = api.train(seq, run, out, resume=resume, keep=keep, on_progress=reporter, on_step=reporter.step)
     if not main:
         return
     history = learner.state.history
@@ -27,13 +33,11 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
     if json_out:
         render.print_json({"learner": str(out), "history": history, "summary": result})
         return
-    render.OUT.print(render.history_table(history))
-    ablation = render.ablation_table(history)
-    if ablation is not None:
-        render.OUT.print(ablation)
-    render.OUT.print(render.summary_table(result))
+    for table in render.closing_tables(history, result):
+        render.OUT.print(table)
     render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
-    render.OUT.print(f"Learner saved to {out}; add classes with `sb add-task {out} FOLDER --test FOLDER`.")
+    render.OUT.print(f"Learner saved to {out} (with history.csv{render.png_note(out)}); "
+                     f"add classes with `sb add-task {out} FOLDER --test FOLDER`.")
 
 
 def closing_line(history: list[dict]) -> str:

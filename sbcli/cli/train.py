@@ -15,9 +15,11 @@ from sbcli.cli._options import (
     FirstTaskRulesOpt,
     JsonOpt,
     KeepOpt,
+    LogOpt,
     NoTestSampleOpt,
     PretrainedHashOpt,
     PretrainedOpt,
+    QuietOpt,
     TestOpt,
     with_run_options,
 )
@@ -43,7 +45,7 @@ def defaults_for(source: str | None) -> dict:
 def train(
     source: Annotated[Optional[str], typer.Argument(help="demo (default), cifar10, cifar100, tiny-imagenet, a Tiny-ImageNet zip/dir, or a class-per-folder directory.", show_default=False)] = None,
     test: TestOpt = None,
-    out: Annotated[Path, typer.Option("--out", "-o", help="Learner directory to write.", rich_help_panel=OUT)] = Path("runs/learner"),
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Learner directory to write (default: a new runs/SOURCE, runs/SOURCE-2, ...).", rich_help_panel=OUT, show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sequence in --out from its last completed step.", rich_help_panel=OUT)] = False,
     keep: KeepOpt = None,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Training resolution for folders (default 32).", rich_help_panel=DATA, show_default=False)] = None,
@@ -67,13 +69,17 @@ def train(
     nme_flips: Annotated[Optional[bool], typer.Option("--nme-flips/--no-nme-flips", help="std --inference icarl: class means over the exemplars and their flips (default on, iCaRL's code; off: PyCIL).", rich_help_panel=METHOD, show_default=False)] = None,
     pretrained: PretrainedOpt = None,
     pretrained_sha256: PretrainedHashOpt = None,
+    log: LogOpt = None,
+    quiet: QuietOpt = False,
     json_out: JsonOpt = False,
     **run_options: Any,
 ) -> None:
     """Start a learner: learn a task sequence and save it after every step."""
     from sbcli.cli.runs import run_training
     from sbcli.config import build_options
+    from sbcli.rundirs import output_dir
 
-    given = {k: v for k, v in locals().items() if k not in ("json_out", "run_options", "keep")}
+    given = {k: v for k, v in locals().items() if k not in ("json_out", "run_options", "log", "quiet", "keep")}
     seq, run, out_dir = build_options({**given, **run_options})
-    run_training(seq, run, out_dir, resume=resume, keep=keep, json_out=json_out)
+    out_dir = output_dir(out_dir, resume, seq.source, recipe)  # no --out: a new runs/NAME folder
+    run_training(seq, run, out_dir, resume=resume, json_out=json_out, quiet=quiet, log=log or [], keep=keep)

@@ -3,6 +3,7 @@ permutation, crop/flip/normalise done on the device for a whole batch at once.""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -81,12 +82,22 @@ def random_flip(images: torch.Tensor, generator: torch.Generator) -> torch.Tenso
     return torch.where(flip[:, None, None, None], images.flip(-1), images)
 
 
+@functools.lru_cache(maxsize=32)
+def _scale_shift(mean: tuple[float, ...], std: tuple[float, ...], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``1 / (255 std)`` and ``-mean / std`` as [1, 3, 1, 1] float32 tensors on ``device``.
+
+    Made once per (normalisation, device) and reused: building them per batch meant two host
+    allocations and two host-to-device copies in every training step. Read-only constants.
+    """
+    m, s = torch.tensor(mean, dtype=torch.float64), torch.tensor(std, dtype=torch.float64)
+    scale, shift = (1.0 / (255.0 * s)).float(), (-m / s).float()
+    return scale.view(1, 3, 1, 1).to(device), shift.view(1, 3, 1, 1).to(device)
+
+
 def normalize(images: torch.Tensor, norm: Normalization, channels_last: bool = False) -> torch.Tensor:
-    """uint8 [B, 3, H, W] -> float32 normalised, optionally in channels-last layout."""
-    # non_blocking: a blocking host-to-device copy would wait for the device (a sync per batch)
-    mean = torch.tensor(norm.mean).to(images.device, non_blocking=True).view(1, 3, 1, 1)
-    std = torch.tensor(norm.std).to(images.device, non_blocking=True).view(1, 3, 1, 1)
-    out = (images.float() / 255.0 - mean) / std
+    """uint8 [B, 3, H, W] -> float32 ``(x / 255 - mean) / std``, optionally in channels-last layout."""
+    scale, shift = _scale_shift(tuple(norm.mean), tuple(norm.std), images.device)
+    out = torch.addcmul(shift, images.float(), scale)  # one fused pass: x * scale + shift
     return out.contiguous(memory_format=torch.channels_last) if channels_last else out
 
 

@@ -128,7 +128,9 @@ class TorchClassifier:
     def scores(self, images: np.ndarray) -> np.ndarray:
         import torch
 
-        with torch.no_grad():
+        from sbcli.device import exact_float32
+
+        with torch.no_grad(), exact_float32(self.device):
             return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
 
     def describe(self) -> dict[str, Any]:

@@ -31,12 +31,9 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
+from sbcli.data.rgb import IMAGE_EXTENSIONS, to_rgb  # noqa: F401  (IMAGE_EXTENSIONS: serve.predict reads it here)
 from sbcli.errors import DataError, ExportError
 
-#: File name endings (lower case) searched for in folders; the same list as sbcli.data.sources.
-IMAGE_EXTENSIONS = frozenset(
-    ".jpg .jpeg .jpe .jfif .png .bmp .dib .gif .webp .tif .tiff .ppm .pgm .pbm .pnm .tga .ico".split()
-)
 FILTERS = {
     "nearest": Image.Resampling.NEAREST,
     "bilinear": Image.Resampling.BILINEAR,
@@ -45,7 +42,6 @@ FILTERS = {
     "box": Image.Resampling.BOX,
     "hamming": Image.Resampling.HAMMING,
 }
-_SIXTEEN_BIT = ("I", "I;16", "I;16B", "I;16L", "I;16N", "F")
 
 
 @dataclass(frozen=True)
@@ -83,7 +79,7 @@ class Preprocess:
             with Image.open(io.BytesIO(data)) as image:
                 if self.jpeg_reduced_decode:
                     image.draft(None, (self.width, self.height))
-                rgb = _to_rgb(ImageOps.exif_transpose(image))
+                rgb = to_rgb(ImageOps.exif_transpose(image))
             if rgb.size != (self.width, self.height):
                 rgb = rgb.resize((self.width, self.height), FILTERS[self.filter])
         except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
@@ -95,17 +91,6 @@ class Preprocess:
     def to_input(images: list[np.ndarray] | np.ndarray) -> np.ndarray:
         """uint8 [N, 3, H, W] (or a list of [3, H, W]) -> float32 in [0, 1], the model's input."""
         return np.ascontiguousarray(np.stack(images) if isinstance(images, list) else images, dtype=np.float32) / 255.0
-
-
-def _to_rgb(image: Image.Image) -> Image.Image:
-    """Any Pillow mode -> 8-bit RGB: alpha dropped, gray replicated, 16-bit gray divided by 257."""
-    if image.mode in _SIXTEEN_BIT:
-        scale = 1.0 if image.mode == "F" else 257.0
-        gray = np.clip(np.asarray(image, dtype=np.float64) / scale, 0, 255).astype(np.uint8)
-        return Image.fromarray(gray, mode="L").convert("RGB")
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")  # Pillow warns when palette transparency goes straight to RGB
-    return image.convert("RGB")
 
 
 def for_model(image_size: int, normalization: Mapping[str, Any]) -> Preprocess:

@@ -26,6 +26,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sbcli.errors import LearnerError
+from sbcli.validate import RESTORE, check_format_version
 
 FORMAT_VERSION = 2
 STATE_FILE = "learner.json"
@@ -101,15 +102,14 @@ class Stored:
 
 
 def read_json_bytes(raw: bytes, where: Path) -> Any:
-    """The JSON value of ``raw`` (read from ``where``); one sentence from :mod:`sbcli.validate` when malformed."""
-    from sbcli.validate import _damaged
-
+    """``sbcli.validate.read_json`` on bytes already read (a reader keeps them to notice a commit)."""
     try:
         return json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as err:
-        raise _damaged(where, f"it is not UTF-8 text (byte {err.start})") from err
+        raise LearnerError(f"{where} is damaged: it is not UTF-8 text (byte {err.start}); {RESTORE}.") from err
     except (ValueError, RecursionError) as err:  # JSONDecodeError, too many digits, nesting too deep
-        raise _damaged(where, f"it is not valid JSON ({str(err).splitlines()[0][:120]})") from err
+        raise LearnerError(f"{where} is damaged: it is not valid JSON ({str(err).splitlines()[0][:120]}); "
+                           f"{RESTORE}.") from err
 
 
 def read_stored(root: Path) -> Stored:
@@ -119,9 +119,7 @@ def read_stored(root: Path) -> Stored:
         raise LearnerError(f"No learner at {root}; give the directory that `sb train --out` wrote.")
     raw = path.read_bytes()
     data = read_json_bytes(raw, path)
-    from sbcli.validate import check_format_version
-
-    version = check_format_version(data, path)  # an object, with a whole format_version
+    version = check_format_version(data, path)
     if version > FORMAT_VERSION:
         raise LearnerError(f"The learner at {root} has format version {version}, newer than this sbcli reads "
                            f"({FORMAT_VERSION}); upgrade sbcli.")

@@ -22,12 +22,9 @@ from PIL import Image, ImageOps
 
 from sbcli.data import walk
 from sbcli.data.imageset import ImageSet
+from sbcli.data.rgb import IMAGE_EXTENSIONS, to_rgb
 from sbcli.errors import DataError
 
-#: File name endings (lower case) that :func:`load_folder` treats as images; others are skipped.
-IMAGE_EXTENSIONS = frozenset(
-    ".jpg .jpeg .jpe .jfif .png .bmp .dib .gif .webp .tif .tiff .ppm .pgm .pbm .pnm .tga .ico".split()
-)
 _DECODE_CHUNK = 256  # images per thread-pool task: large enough to amortise the task overhead
 
 
@@ -51,22 +48,10 @@ def decode_image(data: bytes, image_size: int) -> np.ndarray:
     with Image.open(io.BytesIO(data)) as image:
         # JPEG can decode at 1/2, 1/4 or 1/8 scale: a big photo then costs a fraction to decode.
         image.draft(None, (image_size, image_size))
-        rgb = _to_rgb(ImageOps.exif_transpose(image))
+        rgb = to_rgb(ImageOps.exif_transpose(image))
     if rgb.size != (image_size, image_size):
         rgb = rgb.resize((image_size, image_size), Image.Resampling.BILINEAR)
     return np.asarray(rgb).transpose(2, 0, 1)
-
-
-def _to_rgb(image: Image.Image) -> Image.Image:
-    """Convert any Pillow mode to 8-bit RGB."""
-    if image.mode in ("I", "I;16", "I;16B", "I;16L", "I;16N", "F"):
-        # 16-bit (and 32-bit) grayscale: Pillow's convert would clip at 255 instead of scaling.
-        scale = 1.0 if image.mode == "F" else 257.0
-        gray = np.clip(np.asarray(image, dtype=np.float64) / scale, 0, 255).astype(np.uint8)
-        return Image.fromarray(gray, mode="L").convert("RGB")
-    if image.mode == "P" and "transparency" in image.info:
-        image = image.convert("RGBA")  # Pillow warns when palette transparency goes straight to RGB
-    return image.convert("RGB")
 
 
 def _decode_one(key: str, read: Callable[[str], bytes], describe: Callable[[str], str], image_size: int) -> np.ndarray:

@@ -1,0 +1,62 @@
+"""The data and the files of a GPU machine's run: the 32 px Tiny-ImageNet-100 archive, and what travels.
+
+The archive (``../shared/data/tiny-imagenet-100-32px.zip``, class-per-folder WebP) travels to the
+GPU machine in the ignored folder ``.gpu-data/`` of the checkout (docs/performance.md, "On a GPU");
+:func:`travel_size` says beforehand, here, whether the call stays under its 64 MiB.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import zipfile
+from pathlib import Path
+
+DATA_NAME = "tiny-imagenet-100-32px"
+TRAVEL_LIMIT_MIB = 64
+
+
+def unpack(archive: Path, dest: Path) -> tuple[Path, Path]:
+    """Unzip the class-per-folder archive once; returns its ``train`` and ``test`` folders."""
+    root = dest / DATA_NAME
+    if not (root / "READY").is_file():
+        with zipfile.ZipFile(archive) as zf:
+            prefix = zf.namelist()[0].split("/")[0]
+            zf.extractall(dest)
+        if prefix != DATA_NAME:
+            (dest / prefix).rename(root)
+        (root / "READY").write_text("ok\n")
+    return root / "train", root / "test"
+
+
+def write_tiny_archive(path: Path, classes: int = 6, train: int = 12, test: int = 4, size: int = 32) -> Path:
+    """A small archive in the layout of the real one (WebP, class-per-folder), for dry runs and tests."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"{DATA_NAME}/words.txt", "".join(f"n{c:08d}\tclass {c}\n" for c in range(classes)))
+        for c in range(classes):
+            colour = rng.integers(30, 226, 3)
+            for split, count in (("train", train), ("test", test)):
+                for i in range(count):
+                    pixels = np.clip(colour + rng.normal(0, 30, (size, size, 3)), 0, 255).astype(np.uint8)
+                    buf = io.BytesIO()
+                    Image.fromarray(pixels).save(buf, format="WEBP", quality=90)
+                    zf.writestr(f"{DATA_NAME}/{split}/n{c:08d}/{i}.webp", buf.getvalue())
+    return path
+
+
+def travel_size(repo: Path, carry: list[str]) -> dict:
+    """What a device call would send: tracked and untracked-not-ignored files plus the carried paths (bytes)."""
+    listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=repo, capture_output=True,
+                            check=True).stdout.decode().split("\0")
+    tree = sum((repo / f).stat().st_size for f in listed if f and (repo / f).is_file())
+    carried = {c: sum(p.stat().st_size for p in (repo / c).rglob("*") if p.is_file()) if (repo / c).is_dir()
+               else ((repo / c).stat().st_size if (repo / c).is_file() else 0) for c in carry}
+    total = tree + sum(carried.values())
+    return {"tree_mib": round(tree / 2**20, 1), "carried_mib": {k: round(v / 2**20, 1) for k, v in carried.items()},
+            "total_mib": round(total / 2**20, 1), "limit_mib": TRAVEL_LIMIT_MIB,
+            "fits": total <= TRAVEL_LIMIT_MIB * 2**20}
