@@ -273,6 +273,7 @@ def relabelled(learner: Path, tmp_path: Path, names: list[str]) -> Path:
     state["class_task"] = [i // 2 for i in range(len(names))]
     state["tasks"] = [{**state["tasks"][0], "classes": names[2 * i: 2 * i + 2]} for i in range(steps)]
     state["history"] = [state["history"][0]] * steps
+    state["kept_steps"] = {str(steps): state["files"]}  # format 2: the current step names its files
     (copy_dir / "learner.json").write_text(json.dumps(state))
     return copy_dir
 
