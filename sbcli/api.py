@@ -13,17 +13,20 @@ from typing import Any
 
 import torch
 
-from sbcli import __version__, distributed, preflight
+from sbcli import __version__, distributed, evalsets, growing, preflight
 from sbcli.api_out import export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
 from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from sbcli.data.imageset import ImageSet
+from sbcli.data.records import remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
-from sbcli.data.shaping import only_classes, open_sized, resize_opened, with_image_size
+from sbcli.data.shaping import only_classes, resize_opened, with_image_size
 from sbcli.device import resolve_device
 from sbcli.engine import Engine, ProgressEvent, TrainConfig
 from sbcli.errors import ConfigError, DataError, LearnerError
+from sbcli.evalsets import load_test_sets  # noqa: F401  (its old home)
+from sbcli.growing import AddTaskOptions
 from sbcli.learner import Learner, LearnerState
 from sbcli.memory import ExemplarMemory
 from sbcli.methods import build_config
@@ -140,15 +143,17 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
     opened = open_spec(spec, download=seq.download)
+    record = remember_source(spec, opened.train, opened.test)
     names = opened.train.class_names
     scenario = sequence_scenario(seq, len(names))
     opened = resize_opened(only_classes(opened, scenario.order), spec)
     image_size = spec.get("image_size") or spec_image_size(spec)
     preflight.check_free_space(out, preflight.save_bytes(run.arch, run.width, len(scenario.order), image_size, run.memory))
-    plan = {"source": spec, "scenario": scenario.to_json()}
+    plan = {"source": record, "scenario": scenario.to_json()}
     if resume:
         learner = Learner.load(out, device)
-        if learner.state.plan != plan:
+        stored = learner.state.plan or {}
+        if stored.get("scenario") != plan["scenario"] or not same_source(stored.get("source", {}), record):
             raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
     else:
         # pretrained backbones expect the statistics they were trained with: ImageNet's
@@ -169,22 +174,24 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
         new = [names[c] for c in scenario.tasks[step]]
         seen = ordered[: sum(scenario.sizes[: step + 1])]
-        summary_ = _learn(learner, opened, new, seen, ordered, spec, device, run.seed, on_progress)
+        summary_ = _learn(learner, opened, new, seen, ordered, record, device, run.seed, on_progress, seq.test_sample)
         save_from_main(learner, out, keep)
         if on_step and distributed.is_main_process():
             on_step(summary_)
     return learner
 
 
-def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], ordered: list[str], spec: dict,
-           device: torch.device, seed: int, on_progress: ProgressFn | None) -> StepSummary:
+def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], ordered: list[str], source: dict,
+           device: torch.device, seed: int, on_progress: ProgressFn | None, carry_sample: bool) -> StepSummary:
     train_set = relabel(opened.train, ordered, new)
     test_set = relabel(opened.test, ordered, seen) if opened.test is not None else _empty(opened.train)
     cfg = TrainConfig(**_tuples(learner.state.train_config))
     engine = Engine(cfg, device, learner.norm, seed * 1000 + learner.state.steps, on_progress)
-    record = {"classes": new, "source": spec}
-    return learn_step(learner, train_set, test_set, new, engine, record,
+    record = {"classes": new, "source": source}
+    step = learn_step(learner, train_set, test_set, new, engine, record,
                       seen_train=lambda: relabel(opened.train, ordered, seen))
+    evalsets.carry(learner, test_set, [ordered.index(n) for n in new], carry_sample)
+    return step
 
 
 def _announce_plan(on_progress: ProgressFn | None, state: LearnerState, sizes: list[int]) -> None:
@@ -220,44 +227,36 @@ def _empty(like: ImageSet) -> ImageSet:
     return ImageSet(like.images[:0], like.labels[:0], like.class_names)
 
 
-def load_test_sets(learner: Learner) -> ImageSet:
-    """The test images of every class the learner knows, reloaded from each task's source."""
-    parts: list[ImageSet] = []
-    for task in learner.state.tasks:
-        opened = open_sized(task["source"], train=False, test=True)
-        if opened.test is not None:
-            parts.append(relabel(opened.test, learner.state.class_names, task["classes"]))
-    if not parts:
-        raise DataError("The learner has no test images to evaluate on; give a test folder.")
-    return ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), learner.state.class_names)
-
-
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
              epochs: int | None = None, method: str | None = None, warmup_epochs: float | None = None,
-             keep: int | None = None,
+             keep: int | None = None, options: AddTaskOptions | None = None,
              on_progress: ProgressFn | None = None) -> StepSummary:
     """Learn the classes of ``folder`` (class-per-folder) as a new task of the learner at ``learner_dir``.
 
     Everything is checked before training; the learner on disk changes only when the step is done.
     ``method``, when given, must be the learner's own: a learner keeps the method it started with.
     The learner is locked against other writers from the start. ``keep``: keep only the last N steps.
+    The returned summary's ``notes`` say which test images measured the old classes and what
+    became of a card or ONNX file that described the previous step.
     """
     _check_keep(keep)
+    opts = options or AddTaskOptions(epochs=epochs, method=method)
+    opts = dataclasses.replace(opts, epochs=opts.epochs if epochs is None else epochs, method=opts.method or method)
     with writer_lock(Path(learner_dir), "add-task", enabled=distributed.is_main_process()):
-        return _add_task(Path(learner_dir), folder, test, device, epochs, method, warmup_epochs, keep, on_progress)
+        return _add_task(Path(learner_dir), folder, test, device, opts, warmup_epochs, keep, on_progress)
 
 
-def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, epochs: int | None,
-              method: str | None, warmup_epochs: float | None, keep: int | None,
-              on_progress: ProgressFn | None) -> StepSummary:
+def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, opts: AddTaskOptions,
+              warmup_epochs: float | None, keep: int | None, on_progress: ProgressFn | None) -> StepSummary:
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev)
     preflight.check_writable(learner_dir)
-    if method is not None and method != learner.state.method:
-        raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {method}; "
-                          f"drop --method or start a new learner with `sb train --method {method}`.")
+    if opts.method is not None and opts.method != learner.state.method:
+        raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {opts.method}; "
+                          f"drop --method or start a new learner with `sb train --method {opts.method}`.")
     if warmup_epochs is not None and warmup_epochs < 0:
         raise ConfigError(f"--warmup-epochs {warmup_epochs} is negative; give 0 (no warm-up) or more.")
+    growing.check_rehearsal(learner, learner_dir, opts.no_rehearsal)
     spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=learner.state.image_size,
                         data_root=None, download=False)
     if spec["kind"] != "folder":
@@ -270,26 +269,34 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, e
     state = learner.state
     preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
                                                                  state.image_size, state.memory["budget"]))
-    if epochs is not None:
-        learner.state.train_config["epochs"] = epochs
+    old = evalsets.test_data(learner, opts.data_roots) if learner.state.tasks else None
+    record = remember_source(spec, opened.train, opened.test)
+    if opts.epochs is not None:
+        learner.state.train_config["epochs"] = opts.epochs
     if warmup_epochs is not None:  # recorded: later steps keep it
         learner.state.train_config["warmup_epochs"] = warmup_epochs
-    old_test = load_test_sets(learner) if learner.state.tasks else None
     names = learner.state.class_names + new
+    num_old = len(learner.state.class_names)
     train_set = relabel(opened.train, names, new)
-    parts = [p for p in (old_test, relabel(opened.test, names, new) if opened.test else None) if p is not None]
+    new_test = relabel(opened.test, names, new) if opened.test else _empty(train_set)
+    parts = [p for p in (old.test if old else None, new_test) if p is not None and len(p)]
     test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else _empty(train_set)
+    published = growing.published_files(learner_dir)
     cfg = TrainConfig(**_tuples(learner.state.train_config))
     _announce_plan(on_progress, learner.state, [*(learner.state.class_task.count(t) for t in range(learner.state.steps)), len(new)])
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
-    step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": spec})
+    step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": record})
+    evalsets.carry(learner, new_test, list(range(num_old, len(names))), opts.test_sample)
     save_from_main(learner, learner_dir, keep)
-    return step
+    notes = ([old.describe()] if old else []) + growing.published_notes(learner_dir, published, learner.state.steps)
+    return dataclasses.replace(step, notes=notes)
 
 
-def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto", step: int | None = None) -> dict:
-    """Accuracy of the learner now, or at kept step ``step`` (on ``folder`` or the stored test sets),
-    plus its history and summary."""
+def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto", step: int | None = None,
+             data_roots: list[Path] | None = None) -> dict:
+    """Accuracy of the learner now, or at kept step ``step`` (on ``folder``, else on each task's
+    original test set when it is here and unchanged, else on the carried test sample) plus its
+    history, summary and ``test_data`` (which images were used, per task)."""
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev, step)
     state = learner.state
@@ -300,12 +307,14 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
         if unknown:
             raise DataError(f"{folder} has classes the learner does not know ({', '.join(unknown)}); remove those folders.")
         test = relabel(images, state.class_names, images.class_names)
+        used = {"used": "folder", "tasks": [], "folder": str(folder)}
     else:
-        test = load_test_sets(learner)
+        chosen = evalsets.test_data(learner, data_roots, required=learner_dir)
+        test, used = chosen.test, chosen.to_json()
     engine = Engine(TrainConfig(**_tuples(state.train_config)), dev, learner.norm, state.seed)
     metrics = evaluate_learner(learner, engine, test)
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
-            "test_images": len(test), "metrics": metrics.to_json(), "history": state.history,
+            "test_images": len(test), "test_data": used, "metrics": metrics.to_json(), "history": state.history,
             "accuracy_matrix": [h["metrics"]["per_task"] for h in state.history],
             "summary": history_summary(state.history)}
 

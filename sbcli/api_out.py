@@ -45,13 +45,16 @@ def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half
 
 
 def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,
-         token: str | None = None, endpoint: str | None = None) -> Any:
-    """Push the learner, its ONNX file and a model card to ``repo_id`` (``main`` and branch ``step-N``)."""
+         token: str | None = None, endpoint: str | None = None, license: str = "unknown") -> Any:
+    """Push the learner, its ONNX file and a model card to ``repo_id`` (``main`` and branch ``step-N``).
+
+    Without ``with_memory`` the exemplar memory stays home and the card says so; ``license`` is the
+    card's license id."""
     from sbcli.export.hub import HubConfig
     from sbcli.export.hub import push as push_learner
 
     return push_learner(Path(learner_dir), repo_id, with_memory=with_memory, private=private,
-                        cfg=HubConfig(endpoint=endpoint, token=token))
+                        cfg=HubConfig(endpoint=endpoint, token=token), license=license)
 
 
 def pull(ref: str, out: Path | None = None, *, index: Path | None = None, offline: bool = False,

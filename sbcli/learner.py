@@ -5,6 +5,7 @@
 | ``learner.json`` | the commit point: format version, network, input size, normalisation, classes and their tasks, method and hyperparameters, partition, history, provenance, and the files of every kept step |
 | ``steps/NNNN/model.safetensors`` | network weights after step NNNN (head sized to the classes seen) plus method state (e.g. NME class means) |
 | ``steps/NNNN/memory.safetensors`` | exemplar images (uint8, training resolution) and their labels |
+| ``steps/NNNN/test-sample.safetensors`` | the carried test sample: held-out test images of every class (``sbcli.data.carried_sample``) |
 | ``steps/NNNN/state.json`` | the state at that step (for ``--step N`` and ``sb rollback``) |
 
 Saves go through :mod:`sbcli.store.commit` (new files under new names, fsync, one rename of
@@ -22,6 +23,8 @@ import torch
 from safetensors.torch import save as safetensors_bytes
 
 from sbcli import validate
+from sbcli.data import carried_sample
+from sbcli.data.carried_sample import CarriedSample
 from sbcli.data.device import Normalization
 from sbcli.errors import LearnerError
 from sbcli.memory import ExemplarMemory
@@ -52,6 +55,7 @@ class LearnerState:
     history: list[dict] = field(default_factory=list)  # per step: metrics, phases, records
     plan: dict | None = None  # a whole sequence: source and scenario, for --resume
     provenance: dict = field(default_factory=dict)
+    test_sample: dict = field(default_factory=dict)  # the carried test sample: cap, images per class, declined tasks
     format_version: int = FORMAT_VERSION
 
     @property
@@ -71,6 +75,7 @@ class Learner:
     model: IncrementalResNet
     memory: ExemplarMemory
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    test_sample: CarriedSample | None = None
 
     @property
     def norm(self) -> Normalization:
@@ -93,8 +98,11 @@ class Learner:
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
         tensors.update({EXTRA_PREFIX + k: v.detach().cpu().contiguous() for k, v in self.extra.items()})
         images, labels = self.memory.tensors()
-        return {"model": safetensors_bytes(tensors),
-                "memory": safetensors_bytes({"images": images.contiguous(), "labels": labels.contiguous()})}
+        payload = {"model": safetensors_bytes(tensors),
+                   "memory": safetensors_bytes({"images": images.contiguous(), "labels": labels.contiguous()})}
+        if self.test_sample is not None:
+            payload["test_sample"] = safetensors_bytes(self.test_sample.tensors())
+        return payload
 
     @classmethod
     def load(cls, path: Path, device: torch.device | str = "cpu", step: int | None = None) -> "Learner":
@@ -133,7 +141,7 @@ class Learner:
             raise LearnerError(f"{root / files['model']} does not match learner.json ({err.args[0].splitlines()[0]}); "
                                "the learner is corrupt, restore it from a copy.") from err
         memory = _load_memory(root / files["memory"], state)
-        return cls(state, model.to(device), memory, extra)
+        return cls(state, model.to(device), memory, extra, _load_sample(root, files, state))
 
 
 def open_stored(path: Path) -> Stored:
@@ -189,3 +197,15 @@ def _load_memory(path: Path, state: LearnerState) -> ExemplarMemory:
     if len(tensors["labels"]):
         memory.images, memory.labels = tensors["images"], tensors["labels"].long()
     return memory
+
+
+def _load_sample(root: Path, files: dict[str, str], state: LearnerState) -> CarriedSample | None:
+    """The carried test sample, checked against what learner.json records of it (None when it has none)."""
+    if not state.test_sample:
+        return None
+    rel = files.get("test_sample")
+    if rel is None:
+        raise LearnerError(f"learner.json of {root} records a test sample but names no file for it; "
+                           "restore the learner from a copy.")
+    path = root / rel
+    return carried_sample.check(_tensors(path), state.test_sample, state.num_classes, state.image_size, path)

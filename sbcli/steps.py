@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sbcli import selection
 from sbcli.data.device import DeviceData
@@ -29,6 +29,7 @@ class StepSummary:
     num_classes: int
     metrics: StepMetrics
     seconds: float
+    notes: list[str] = field(default_factory=list)  # what the CLI should also say (test data used, stale files)
 
 
 def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet, *, network: bool = False) -> StepMetrics:

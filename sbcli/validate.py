@@ -207,7 +207,13 @@ SOURCE_KINDS = ("demo", "cifar10", "cifar100", "tiny-imagenet", "folder")  # sbc
 
 
 def _source(v: Any) -> str | None:
+    """A data source record (names and fingerprints: sbcli.data.records), or a format-1 spec with paths."""
+    from sbcli.data.records import is_record, record_problem
+
     kinds = SOURCE_KINDS
+    if is_record(v):
+        problem = _str(kinds)(v["kind"])
+        return _join(".kind", problem) if problem else _strip(record_problem(v, MAX_CLASSES))
     fields = {"kind": _str(kinds), "path": _str(), "root": _str(), "test": _str(), "download": _bool,
               "image_size": _int(1, MAX_IMAGE_SIZE)}
     problem = _object(fields, ("kind",))(v)
@@ -216,6 +222,10 @@ def _source(v: Any) -> str | None:
     needs = {"folder": ("path", "image_size"), "tiny-imagenet": ("path",), "cifar10": ("root",), "cifar100": ("root",)}
     missing = [k for k in needs.get(v["kind"], ()) if k not in v]
     return f".{missing[0]} is missing" if missing else None
+
+
+def _strip(problem: str | None) -> str | None:
+    return None if problem is None else problem.lstrip()
 
 
 def _train_config() -> Check:
@@ -259,6 +269,8 @@ def _state_fields() -> dict[str, Check]:
             "order": _list(_int(0, MAX_CLASSES), MAX_CLASSES), "sizes": _list(_int(1, MAX_CLASSES), MAX_CLASSES)},
             ("order", "sizes"))}, ("source", "scenario"))),
         "provenance": _any_object,
+        "test_sample": _object({"cap": _int(0, 1_000_000), "counts": _list(_int(0, 1 << 40), MAX_CLASSES),
+                                "declined_tasks": _list(_int(1, MAX_CLASSES), MAX_CLASSES)}, closed=True),
     }
 
 

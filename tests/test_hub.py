@@ -34,7 +34,8 @@ from sbcli.learner import Learner
 from sbcli.zoo import sha256_file
 
 REPO = "tester/colours"
-LEARNER_FILES = ["README.md", "learner.json", "memory.safetensors", "model.onnx", "model.safetensors"]
+LEARNER_FILES = ["README.md", "learner.json", "memory.safetensors", "model.onnx", "model.safetensors",
+                 "test-sample.safetensors"]
 
 
 def train_step1(color_data: dict[str, Path], out: Path) -> Path:
@@ -95,7 +96,7 @@ def test_memory_goes_up_only_when_asked(hub: FakeHub, published: dict) -> None:
 
 def test_model_card_says_what_the_model_is(hub: FakeHub, published: dict) -> None:
     card = hf.ModelCard.load(REPO, repo_type="model")
-    assert card.data.library_name == "sbcli" and "class-incremental-learning" in card.data.tags
+    assert card.data.library_name == "sbcli" and "class-incremental" in card.data.tags
     history = json.loads((published["step2"] / "learner.json").read_text())["history"]
     text = card.text
     for name in ("red", "green", "blue", "yellow"):
@@ -103,9 +104,9 @@ def test_model_card_says_what_the_model_is(hub: FakeHub, published: dict) -> Non
     for h in history:
         assert f"| {h['step']} | {h['num_classes']} | {h['metrics']['overall']:.2f} |" in text
     assert "sb add-task my-learner" in text and "onnxruntime" in text and "step-2" in text
-    assert "8 exemplar images included" in text
+    assert "Training images inside: yes.** `memory.safetensors` holds the exemplar memory: 8 training images" in text
     step1_card = download("README.md", "step-1").read_text()
-    assert "**not** included" in step1_card and "0 exemplar images included" in step1_card
+    assert "Training images inside: no." in step1_card and "--no-rehearsal" in step1_card
 
 
 def test_pull_each_step_then_continue_learning(hub: FakeHub, published: dict, color_data, tmp_path: Path) -> None:
@@ -118,8 +119,16 @@ def test_pull_each_step_then_continue_learning(hub: FakeHub, published: dict, co
         assert (pulled.model.state_dict()[key] == value).all(), key
     assert api.pull(REPO, tmp_path / "latest").path == tmp_path / "latest"
     assert Learner.load(tmp_path / "latest").state.num_classes == 4
-    step = api.add_task(tmp_path / "s1", color_data["task2_train"], color_data["task2_test"], device="cpu", epochs=1)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "s1").iterdir() if not p.name.startswith(".")}
+    with pytest.raises(LearnerError, match=r"holds no exemplars of 2 of its 2 classes .* pass --no-rehearsal"):
+        api.add_task(tmp_path / "s1", color_data["task2_train"], color_data["task2_test"], device="cpu", epochs=1)
+    after = {p.name: p.read_bytes() for p in (tmp_path / "s1").iterdir() if not p.name.startswith(".")}
+    assert after == before  # refused before any work (the writer lock's file aside)
+    step = api.add_task(tmp_path / "s1", color_data["task2_train"], color_data["task2_test"], device="cpu",
+                        options=api.AddTaskOptions(epochs=1, no_rehearsal=True))
     assert step.step == 2 and Learner.load(tmp_path / "s1").state.class_names[2:] == ["blue", "yellow"]
+    fates = [n for n in step.notes if n.startswith(("README.md", "model.onnx"))]
+    assert len(fates) == 2 and all("describes step 1); `sb export" in n for n in fates), step.notes
 
 
 def test_tampered_file_is_refused(hub: FakeHub, tmp_path: Path) -> None:
@@ -259,12 +268,12 @@ def relabelled(learner: Path, tmp_path: Path, names: list[str]) -> Path:
     copy_dir = tmp_path / "other"
     shutil.copytree(learner, copy_dir)
     state = json.loads((copy_dir / "learner.json").read_text())
+    steps = (len(names) + 1) // 2
     state["class_names"] = names
     state["class_task"] = [i // 2 for i in range(len(names))]
-    state["history"] = [state["history"][0]] * ((len(names) + 1) // 2)
-    # one task per pair of classes, naming only these classes (a learner's fields must agree at load)
-    state["tasks"] = [{**state["tasks"][0], "classes": names[2 * t : 2 * t + 2]} for t in range(len(state["history"]))]
-    state["kept_steps"] = {str(len(state["history"])): state["files"]}  # the current step's files
+    state["tasks"] = [{**state["tasks"][0], "classes": names[2 * i: 2 * i + 2]} for i in range(steps)]
+    state["history"] = [state["history"][0]] * steps
+    state["kept_steps"] = {str(steps): state["files"]}  # format 2: the current step names its files
     (copy_dir / "learner.json").write_text(json.dumps(state))
     return copy_dir
 
@@ -292,8 +301,12 @@ def test_cli_export_to_hub_then_pull(fake_hub: FakeHub, published: dict, tmp_pat
     runner = CliRunner()
     res = runner.invoke(app, ["export", str(published["step1"]), "--to-hub", "tester/cli-model"], env={"COLUMNS": "200"})
     assert res.exit_code == 0, res.output
-    assert "revisions main (" in res.stdout and "and step-1 (" in res.stdout and "argmax agreement 100.0 %" in res.stdout
+    said = " ".join(res.stdout.split())
+    assert "revisions main (" in said and "and step-1 (" in said and "argmax agreement 100.0 %" in said
     res = runner.invoke(app, ["pull", "tester/cli-model@step-1", "-o", str(tmp_path / "pulled")])
     assert res.exit_code == 0, res.output
     assert res.stdout.strip() == str(tmp_path / "pulled")
     assert f"sb add-task {tmp_path / 'pulled'}" in res.stderr and (tmp_path / "pulled" / "model.onnx").is_file()
+    said = " ".join(res.stderr.split())
+    assert "carries no exemplar memory (it was pushed without --with-memory)" in said and "--no-rehearsal" in said
+    assert "it carries 16 held-out test images" in said

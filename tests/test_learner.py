@@ -58,7 +58,8 @@ def test_save_load_round_trip(learner_dir, tmp_path):
     assert torch.equal(again.memory.images, learner.memory.images)
     assert torch.equal(again.memory.labels, learner.memory.labels)
     assert sorted(tree(copy)) == ["learner.json", "steps/0001/memory.safetensors", "steps/0001/model.safetensors",
-                                  "steps/0001/state.json"]
+                                  "steps/0001/state.json", "steps/0001/test-sample.safetensors"]
+    assert torch.equal(again.test_sample.images, learner.test_sample.images)
 
 
 def test_learner_json_records_what_the_design_asks(learner_dir):
@@ -70,7 +71,8 @@ def test_learner_json_records_what_the_design_asks(learner_dir):
     assert state["history"][0]["metrics"]["overall"] >= 0
     assert {"sbcli_version", "torch_version", "dataset"} <= set(state["provenance"])
     assert state["files"] == state["kept_steps"]["1"] == {
-        "model": "steps/0001/model.safetensors", "memory": "steps/0001/memory.safetensors", "state": "steps/0001/state.json"}
+        "model": "steps/0001/model.safetensors", "memory": "steps/0001/memory.safetensors", "state": "steps/0001/state.json",
+        "test_sample": "steps/0001/test-sample.safetensors"}
     step_state = json.loads((learner_dir / "steps/0001/state.json").read_text())
     assert step_state == {k: v for k, v in state.items() if k not in ("files", "kept_steps", "keep")}
 

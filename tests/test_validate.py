@@ -177,10 +177,20 @@ def test_a_recorded_source_never_downloads(learner, monkeypatch, tmp_path):
         learner_files(learner))
     before = hashes(learner)
     res = runner.invoke(app, ["evaluate", str(learner), "--device", "cpu"])
-    assert res.exit_code == 1 and "cifar-10" in res.stderr.lower(), res.output  # the files are missing: said so
-    assert asked == [False]  # the recorded "download": true was not obeyed
+    # the recorded folder is missing: the learner's carried test sample stands in, and says so
+    assert res.exit_code == 0 and "from the carried test sample" in res.stderr, res.output
+    assert not any(asked)  # the recorded "download": true was not obeyed
     assert not root.exists()  # no folder made, nothing fetched
     assert hashes(learner) == before
+    def drop_sample(state: dict) -> None:
+        state.pop("test_sample")
+        for files in (state["files"], *state["kept_steps"].values()):
+            files.pop("test_sample")
+
+    _json(drop_sample)(learner_files(learner))
+    res = runner.invoke(app, ["evaluate", str(learner), "--device", "cpu"])
+    assert res.exit_code == 1 and "no test images to evaluate on" in res.stderr, res.output
+    assert not any(asked) and not root.exists()
 
 
 def test_a_missing_file_is_left_to_the_caller(tmp_path):

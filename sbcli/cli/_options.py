@@ -90,3 +90,7 @@ def with_run_options(command: Callable[..., Any]) -> Callable[..., Any]:
     with_options.__signature__ = signature  # type: ignore[attr-defined]
     with_options.__annotations__ = {p.name: p.annotation for p in signature.parameters.values()}
     return with_options
+
+# Options about what a learner carries and where its test sets are (`sb train`, `sb add-task`, `sb evaluate`).
+NoTestSampleOpt = Annotated[bool, typer.Option("--no-test-sample", help="Keep this data's test images out of the learner (private data); by default it carries up to 100 per class so that `sb evaluate` works anywhere.", rich_help_panel=DATA)]
+TestRootsOpt = Annotated[Optional[list[Path]], typer.Option("--data-root", help="Where the learner's original test folders are now (repeatable); each is used when its fingerprint is the recorded one.", rich_help_panel=DATA, show_default=False)]

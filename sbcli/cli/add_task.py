@@ -8,11 +8,25 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import DeviceOpt, EpochsOpt, JsonOpt, KeepOpt, LearnerArg, LogOpt, QuietOpt, TestOpt, WarmupOpt
+from sbcli.cli._options import (
+    DeviceOpt,
+    EpochsOpt,
+    JsonOpt,
+    KeepOpt,
+    LearnerArg,
+    LogOpt,
+    NoTestSampleOpt,
+    QuietOpt,
+    TestOpt,
+    TestRootsOpt,
+    WarmupOpt,
+)
 
-EPILOG = """Example:
+EPILOG = """Examples:
 
   sb add-task my-learner ./new-classes/train --test ./new-classes/val
+
+  sb add-task pulled ./new/train --test ./new/val --no-rehearsal    # a learner pulled without its memory
 """
 
 
@@ -23,6 +37,9 @@ def add_task(
     test: TestOpt = None,
     method: Annotated[Optional[str], typer.Option("--method", help="Check that the learner uses this method (a learner keeps the method it was started with).", show_default=False)] = None,
     epochs: EpochsOpt = None,
+    data_roots: TestRootsOpt = None,
+    no_test_sample: NoTestSampleOpt = False,
+    no_rehearsal: Annotated[bool, typer.Option("--no-rehearsal", help="Grow a learner that holds no exemplars of its classes (pushed without --with-memory) by distillation alone.")] = False,
     keep: KeepOpt = None,
     warmup_epochs: WarmupOpt = None,
     device: DeviceOpt = "auto",
@@ -49,16 +66,20 @@ def add_task(
             before = sum(actual_epochs(state.history))
             reporter.open_logs = lambda: loggers.open_logs(log, learner, options, before)
         reporter.note(f"Adding the classes of {folder} to {learner}")
-        step = api.add_task(learner, folder, test, device=device, epochs=epochs, method=method, keep=keep,
+        options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
+                                     test_sample=not no_test_sample, no_rehearsal=no_rehearsal)
+        step = api.add_task(learner, folder, test, device=device, keep=keep, options=options,
                             warmup_epochs=warmup_epochs, on_progress=reporter)
         reporter.step(step)
+        for note in step.notes:
+            reporter.note(note)
     if not main:
         return
     history = read_state(learner).history
     result = history_summary(history)
     if json_out:
         render.print_json({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(),
-                           "history": history, "summary": result})
+                           "history": history, "summary": result, "notes": step.notes})
         return
     for table in render.closing_tables(history, result):
         render.OUT.print(table)

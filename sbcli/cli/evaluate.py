@@ -8,11 +8,13 @@ from typing import Annotated, Optional
 import typer
 
 from sbcli.cli._errors import friendly_errors
-from sbcli.cli._options import DeviceOpt, JsonOpt, LearnerArg, StepOpt
+from sbcli.cli._options import DeviceOpt, JsonOpt, LearnerArg, StepOpt, TestRootsOpt
 
 EPILOG = """Examples:
 
-  sb evaluate my-learner                  # on the test images of every task it learned
+  sb evaluate my-learner                  # each task's test folder if here and unchanged, else the carried sample
+
+  sb evaluate my-learner --data-root /data/moved   # the test folders moved: look for them there
 
   sb evaluate my-learner ./holdout --json # on a class-per-folder directory
 
@@ -26,6 +28,7 @@ EPILOG = """Examples:
 def evaluate(
     learner: LearnerArg,
     folder: Annotated[Optional[Path], typer.Argument(help="Class-per-folder test images (default: the learner's own test sets).", show_default=False)] = None,
+    data_roots: TestRootsOpt = None,
     step: StepOpt = None,
     device: DeviceOpt = "auto",
     matrix: Annotated[bool, typer.Option("--matrix", help="Also print the accuracy matrix: after each step (rows), on each task's classes (columns).")] = False,
@@ -35,10 +38,16 @@ def evaluate(
     from sbcli import api
     from sbcli.cli import render
 
-    result = api.evaluate(learner, folder, device=device, step=step)
+    result = api.evaluate(learner, folder, device=device, step=step, data_roots=list(data_roots or []))
     if json_out:
         render.print_json(result)
         return
+    used = result["test_data"]
+    if folder is not None:
+        render.ERR.print(f"Test images: the {result['test_images']} images of {folder}.", highlight=False, soft_wrap=True)
+    for task in used["tasks"]:
+        render.ERR.print(f"Test images of task {task['task']}: {task['images']} from {task['detail']}.",
+                         highlight=False, soft_wrap=True)
     m = result["metrics"]
     table = render.Table(title=f"{result['learner']}: {result['method']}, {result['classes']} classes, {result['test_images']} test images")
     for col in ("accuracy", "old", "new", "intra-old", "intra-new"):

@@ -61,6 +61,7 @@ def export(
     token: TokenOpt = None,
     half: HalfOpt = False,
     opset: OpsetOpt = None,
+    license_: Annotated[str, typer.Option("--license", help="License id for the model card (a Hub license id, e.g. apache-2.0, mit, cc-by-4.0).", rich_help_panel=HUB)] = "unknown",
     quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -86,7 +87,8 @@ def export(
         if to_hub is not None:
             memory = " with its exemplar memory" if with_memory else ""
             with reporter.status(f"Pushing {learner} to {to_hub}{memory} (ONNX export and parity check first)"):
-                result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token).to_json()
+                result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token,
+                                         license=license_).to_json()
     if json_out:
         render.print_json(result)
         return

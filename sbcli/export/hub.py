@@ -1,10 +1,11 @@
 """The Hugging Face Hub: push a learner (one revision per task step) and fetch a repository.
 
 Push: the learner's files (the exemplar memory only when asked, since it holds training images;
-otherwise an empty one), its ONNX export and a model card go up in one commit to ``main``; the
+otherwise an empty one, and the card says so), its ONNX export and a model card
+(:mod:`sbcli.export.upload` stages them) go up in one commit to ``main``; the
 branch ``step-N`` (N = the learner's steps) is created at that commit, or updated with the same
 files if it exists. So pushing after every ``sb add-task`` keeps every step addressable as
-``@step-1``, ``@step-2``, ... Every push writes the same five files, so nothing stale remains and
+``@step-1``, ``@step-2``, ... Every push writes the same files, so nothing stale remains and
 other files of the repository are left alone. A push never overwrites another sequence: a
 ``step-N`` branch or a ``main`` holding other classes is refused, and pushing an earlier step of
 the same sequence again refreshes its branch without moving ``main`` back.
@@ -185,32 +186,8 @@ class PushReport:
                 "with_memory": self.with_memory, "onnx": self.onnx.to_json()}
 
 
-def stage(learner_dir: Path, work: Path, repo_id: str, with_memory: bool, onnx_cfg: Any) -> tuple[Path, list[str], Any]:
-    """Write what a push uploads into ``work/upload``: learner files, ONNX (checked), model card.
-
-    Without ``with_memory`` the memory file is written empty, so the pulled learner still loads.
-    Returns the folder, its file names and the ONNX report.
-    """
-    from sbcli.export.card import model_card
-    from sbcli.export.onnx import export_onnx, inference_rule
-    from sbcli.learner import Learner
-    from sbcli.memory import ExemplarMemory
-
-    learner = Learner.load(learner_dir, "cpu")
-    report = export_onnx(learner, work / ONNX_FILE, onnx_cfg)  # checked on the exemplars, before they are dropped
-    if not with_memory:
-        learner.memory = ExemplarMemory(**learner.state.memory)
-    folder = work / "upload"
-    learner.publish(folder)
-    shutil.move(work / ONNX_FILE, folder / ONNX_FILE)
-    files = sorted([*(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()), CARD_FILE])
-    card = model_card(learner.state, repo_id, inference_rule(learner), len(learner.memory), files)
-    (folder / CARD_FILE).write_text(card, encoding="utf-8")
-    return folder, files, report
-
-
 def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,
-         cfg: HubConfig = HubConfig(), onnx_cfg: Any = None) -> PushReport:
+         cfg: HubConfig = HubConfig(), onnx_cfg: Any = None, license: str = "unknown") -> PushReport:
     """Upload a learner to ``repo_id``: the branch ``step-N`` and, unless it holds a later step of
     the same sequence, ``main`` end up holding it.
 
@@ -221,6 +198,7 @@ def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private:
             classes), the ONNX check failed, or the Hub refused or did not answer.
     """
     from sbcli.export.onnx import OnnxConfig
+    from sbcli.export.upload import Upload, stage
     from sbcli.learner import read_state
 
     check_repo_id(repo_id)
@@ -232,8 +210,10 @@ def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private:
     with hub_errors("push to", repo_id, cfg, api=api):
         url = str(api.create_repo(repo_id, private=private, exist_ok=True))
         to_main = _check_lineage(repo_id, state.class_names, branch, cfg)
+        steps = sorted({b.name for b in api.list_repo_refs(repo_id).branches if b.name.startswith("step-")} | {branch})
     with tempfile.TemporaryDirectory(prefix="sbcli-push-") as tmp:
-        folder, files, onnx_report = stage(Path(learner_dir), Path(tmp), repo_id, with_memory, onnx_cfg or OnnxConfig())
+        upload = Upload(repo_id, with_memory, steps, license)
+        folder, files, onnx_report = stage(Path(learner_dir), Path(tmp), upload, onnx_cfg or OnnxConfig())
         revisions: dict[str, str] = {}
         with hub_errors("push to", repo_id, cfg, api=api):
             if to_main:

@@ -214,13 +214,25 @@ def add_metadata(proto: Any, meta: dict[str, str], steps: int) -> None:
 
 
 def check_images(learner: Learner, limit: int) -> tuple[torch.Tensor, str]:
-    """Up to ``limit`` float [0, 1] images spread over the exemplar memory (random ones if it is empty)."""
-    images, _ = learner.memory.tensors()
-    if len(images) and images.shape[-1] == learner.state.image_size:
-        idx = torch.linspace(0, len(images) - 1, min(limit, len(images))).round().long().unique()
-        return images[idx].float() / 255.0, "images from the exemplar memory"
-    gen = torch.Generator().manual_seed(0)
+    """Up to ``limit`` float [0, 1] images spread over the exemplar memory; where the memory lacks
+    classes (a learner grown without it), the carried test sample too; random ones if neither has any."""
     size = learner.state.image_size
+    images, labels = learner.memory.tensors()
+    memory = images if len(images) and images.shape[-1] == size else images[:0]
+    sample = learner.test_sample
+    covered = len(memory) and len(labels.unique()) == learner.state.num_classes
+    parts, names = [], []
+    if len(memory):
+        parts.append(memory)
+        names.append("the exemplar memory")
+    if not covered and sample is not None and len(sample):
+        parts.append(sample.images)
+        names.append("the carried test sample")
+    if parts:
+        pool = torch.cat(parts)
+        idx = torch.linspace(0, len(pool) - 1, min(limit, len(pool))).round().long().unique()
+        return pool[idx].float() / 255.0, "images from " + " and ".join(names)
+    gen = torch.Generator().manual_seed(0)
     return torch.rand(min(limit, 64), 3, size, size, generator=gen), "random images, as the learner has no exemplars"
 
 

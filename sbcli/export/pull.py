@@ -72,10 +72,12 @@ class PullReport:
     verified: list[str]
     from_cache: bool
     notes: list[str]
+    contents: dict[str, Any] = field(default_factory=dict)  # steps, classes, exemplar and test images inside
 
     def to_json(self) -> dict[str, Any]:
         return {"path": str(self.path), "origin": self.origin, "revision": self.revision, "commit": self.commit,
-                "files": self.files, "verified": self.verified, "from_cache": self.from_cache, "notes": self.notes}
+                "files": self.files, "verified": self.verified, "from_cache": self.from_cache, "notes": self.notes,
+                "contents": self.contents}
 
 
 def _bundled(index: ZooIndex, entry: ZooEntry, revision: str | None, cfg: HubConfig) -> Source:
@@ -136,10 +138,11 @@ def default_target(ref: Ref) -> Path:
     return Path.cwd() / re.sub(r"[^A-Za-z0-9._-]", "-", base)
 
 
-def install(source: Source, target: Path) -> list[str]:
+def install(source: Source, target: Path) -> tuple[list[str], dict[str, Any]]:
     """Copy, verify and check the files in a folder beside ``target``, then move it into place.
 
-    Returns the verified file names. Raises ExportError/LearnerError and leaves nothing behind.
+    Returns the verified file names and what the learner holds (:func:`contents`). Raises
+    ExportError/LearnerError and leaves nothing behind.
     """
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise LearnerError(f"{target} already exists; pull into another directory with -o, or remove it first.")
@@ -153,12 +156,12 @@ def install(source: Source, target: Path) -> list[str]:
             if source.cached:
                 evict_cached(source.folder, bad)
             raise ExportError(hash_error(bad, source.origin))
-        _check_learner(tmp, source.origin)
+        inside = _check_learner(tmp, source.origin)
         _move_into_place(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
-    return sorted(source.expected)
+    return sorted(source.expected), inside
 
 
 def _move_into_place(tmp: Path, target: Path) -> None:
@@ -171,13 +174,44 @@ def _move_into_place(tmp: Path, target: Path) -> None:
         raise LearnerError(f"{target} already exists; pull into another directory with -o, or remove it first.") from err
 
 
-def _check_learner(folder: Path, origin: str) -> None:
-    from sbcli.learner import read_state
+def _check_learner(folder: Path, origin: str) -> dict[str, Any]:
+    """Load the downloaded learner whole (every file checked), and say what it holds."""
+    from sbcli.learner import Learner, read_state
 
     try:
         read_state(folder)
+        learner = Learner.load(folder, "cpu")
     except LearnerError as err:
         raise LearnerError(f"{origin} is not an sbcli learner ({str(err).replace(str(folder), 'the download')})") from err
+    return contents(learner)
+
+
+def contents(learner: Any) -> dict[str, Any]:
+    """Steps, classes, and the images that travel with a learner (exemplars, test sample)."""
+    s = learner.state
+    return {"steps": s.steps, "classes": s.num_classes, "memory_budget": learner.memory.budget,
+            "exemplar_images": len(learner.memory),
+            "test_images": 0 if learner.test_sample is None else len(learner.test_sample)}
+
+
+def content_notes(inside: dict[str, Any]) -> list[str]:
+    """What a user must know before growing or evaluating the pulled learner."""
+    if not inside:
+        return []
+    notes = []
+    if inside["exemplar_images"] == 0 and inside["memory_budget"] > 0 and inside["steps"] > 0:
+        notes.append("this learner carries no exemplar memory (it was pushed without --with-memory): `sb add-task` "
+                     "refuses it unless you pass --no-rehearsal, which grows it by distillation alone")
+    else:
+        notes.append(f"this learner carries {inside['exemplar_images']} exemplar images (its memory), so "
+                     "`sb add-task` rehearses its old classes")
+    if inside["test_images"] == 0:
+        notes.append("it carries no test sample: `sb evaluate` needs its original test folders (--data-root) "
+                     "or a test folder you give it")
+    else:
+        notes.append(f"it carries {inside['test_images']} held-out test images, so `sb evaluate` works without "
+                     "its original test folders")
+    return notes
 
 
 def pull(ref: str, out: Path | None = None, *, index: Path | None = None, cfg: HubConfig | None = None) -> PullReport:
@@ -196,6 +230,6 @@ def pull(ref: str, out: Path | None = None, *, index: Path | None = None, cfg: H
     source = resolve(parsed, load_index(index), cfg or HubConfig())
     for name in source.files:
         safe_relpath(name)
-    verified = install(source, target.resolve())
+    verified, inside = install(source, target.resolve())
     return PullReport(target, source.origin, source.revision, source.commit, source.files, verified,
-                      source.from_cache, source.notes)
+                      source.from_cache, [*source.notes, *content_notes(inside)], inside)

@@ -40,6 +40,7 @@ TMP_PREFIX = f"{STATE_FILE}.tmp-"
 STEP_FILES: tuple[tuple[str, str, bool], ...] = (
     ("model", "model.safetensors", True),
     ("memory", "memory.safetensors", True),
+    ("test_sample", "test-sample.safetensors", False),  # travel: the carried test sample (sbcli.data.carried_sample)
     ("state", "state.json", False),  # absent only for a published learner's one step
 )
 # Format 1: the files of its only step, at the root (its state is learner.json itself).

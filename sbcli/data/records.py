@@ -1,0 +1,149 @@
+"""A task's data source as the learner records it: as the user named it, plus fingerprints.
+
+A *spec* (``sbcli.data.catalog.resolve_spec``) says where the data is on this machine and is
+used only while a command runs. A *record* is what ``learner.json`` keeps::
+
+    {"kind": "folder", "name": "train", "image_size": 32,
+     "train": {"classes": [...], "counts": [...], "sha256": "..."},
+     "test": {"name": "val", "classes": [...], "counts": [...], "sha256": "..."}}
+
+``name`` is the folder's own name (or the benchmark's: ``cifar100``, ``demo``), never a path,
+so a learner shows nothing of the layout or the user name of the machine that trained it.
+``sbcli.data.whereabouts`` remembers, on this machine only, where a fingerprint was last seen.
+
+Learners of format 1 recorded specs with absolute paths; :func:`public_record` turns those into
+records (names only, no fingerprints) and :func:`is_legacy` tells them apart.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sbcli.data import whereabouts
+from sbcli.data.fingerprint import Fingerprint, fingerprint
+from sbcli.data.imageset import ImageSet
+
+PATH_KEYS = ("path", "root", "test")
+
+
+def source_name(spec: dict) -> str:
+    """The name a record shows for a spec: the folder's or zip's own name, or the benchmark's."""
+    if spec["kind"] in ("folder", "tiny-imagenet") and "path" in spec:
+        return Path(spec["path"]).name
+    return spec["kind"]
+
+
+def source_record(spec: dict, train: ImageSet | None, test: ImageSet | None) -> dict:
+    """The record of an opened spec: names and fingerprints, no path."""
+    record: dict = {"kind": spec["kind"], "name": source_name(spec)}
+    if "image_size" in spec:
+        record["image_size"] = spec["image_size"]
+    if train is not None:
+        record["train"] = fingerprint(train).to_json()
+    if test is not None:
+        test_name = Path(spec["test"]).name if spec.get("test") else record["name"]
+        record["test"] = {"name": test_name, **fingerprint(test).to_json()}
+    return record
+
+
+def is_legacy(record: dict) -> bool:
+    """A format-1 spec (absolute paths, no fingerprints) rather than a record."""
+    return any(key in record and isinstance(record[key], str) for key in PATH_KEYS)
+
+
+def is_record(value: object) -> bool:
+    """A record of this format (a ``name``, no path), as opposed to a format-1 spec."""
+    return isinstance(value, dict) and "name" in value and not is_legacy(value)
+
+
+def public_record(record: dict) -> dict:
+    """``record`` with every path replaced by its last part (a format-1 spec becomes a record)."""
+    if not is_legacy(record):
+        return record
+    out = {"kind": record["kind"], "name": source_name(record)}
+    if "image_size" in record:
+        out["image_size"] = record["image_size"]
+    if record.get("test") and isinstance(record["test"], str):
+        out["test"] = {"name": Path(record["test"]).name}
+    return out
+
+
+def test_fingerprint(record: dict) -> Fingerprint | None:
+    """The recorded fingerprint of the test split, if the record has one."""
+    test = record.get("test")
+    if isinstance(test, dict) and "sha256" in test:
+        return Fingerprint.from_json(test)
+    return None
+
+
+def test_name(record: dict) -> str | None:
+    """The recorded name of the test folder (or the benchmark), None when no test split was given."""
+    test = record.get("test")
+    if isinstance(test, dict):
+        return test.get("name")
+    if isinstance(test, str):
+        return Path(test).name
+    return record["kind"] if record["kind"] != "folder" else None
+
+
+def same_source(stored: dict, current: dict) -> bool:
+    """Whether a stored record names the same source as a fresh one (by name alone for format 1)."""
+    if is_legacy(stored):
+        keys = ("kind", "name", "image_size")
+        return all(public_record(stored).get(k) == current.get(k) for k in keys)
+    return stored == current
+
+
+def remember_source(spec: dict, train: ImageSet | None, test: ImageSet | None) -> dict:
+    """:func:`source_record`, and this machine remembers where the test set is
+    (:mod:`sbcli.data.whereabouts`), so that ``sb evaluate`` finds it from any working directory."""
+    record = source_record(spec, train, test)
+    where = spec.get("test") or spec.get("path") or spec.get("root")
+    if test is not None and where:
+        whereabouts.remember(record["test"]["sha256"], Path(where))
+    return record
+
+
+def _plain_name(name: object) -> bool:
+    """A folder's own name: no separator, not '.' or '..', not empty."""
+    return isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+
+
+def _fingerprint_problem(v: object, max_classes: int) -> str | None:
+    if not isinstance(v, dict):
+        return "must be an object with classes, counts and sha256"
+    classes, counts, sha = v.get("classes"), v.get("counts"), v.get("sha256")
+    if not isinstance(classes, list) or not all(isinstance(c, str) and len(c) <= 1000 for c in classes):
+        return ".classes must be a list of class names"
+    if len(classes) > max_classes:
+        return f".classes has {len(classes)} names, more than {max_classes}"
+    if not isinstance(counts, list) or len(counts) != len(classes) or not all(
+            isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**40 for c in counts):
+        return ".counts must hold one image count per class"
+    if not isinstance(sha, str) or len(sha) != 64 or any(ch not in "0123456789abcdef" for ch in sha):
+        return ".sha256 must be 64 lower-case hex digits"
+    return None
+
+
+def record_problem(v: object, max_classes: int = 100_000) -> str | None:
+    """What is wrong with the JSON of a record (not a format-1 spec), or None; for load-time checks."""
+    if not isinstance(v, dict):
+        return " must be an object"
+    allowed = {"kind", "name", "image_size", "train", "test"}
+    unknown = sorted(set(v) - allowed)
+    if unknown:
+        return f".{unknown[0]} is not a known field of a data source record"
+    if not isinstance(v.get("kind"), str) or not _plain_name(v.get("name")):
+        return " must have a kind and a name (a folder or benchmark name, not a path)"
+    size = v.get("image_size", 32)
+    if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 4096:
+        return ".image_size must be a whole number of pixels"
+    if "train" in v and (problem := _fingerprint_problem(v["train"], max_classes)):
+        return ".train" + problem
+    test = v.get("test")
+    if test is not None:
+        if not isinstance(test, dict) or not _plain_name(test.get("name")):
+            return ".test must be an object with the test set's name"
+        if "sha256" in test and (problem := _fingerprint_problem(test, max_classes)):
+            return ".test" + problem
+    return None
