@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from sbcli import __version__, distributed, preflight
+from sbcli.api_out import export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
 from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
@@ -33,7 +34,7 @@ from sbcli.results import write_results
 from sbcli.steps import StepSummary, evaluate_learner, learn_step
 from sbcli.store import legacy
 from sbcli.store.lock import writer_lock
-from sbcli.store.outputs import check_output_dir, check_output_file, enclosing_learner
+from sbcli.store.outputs import check_output_dir
 from sbcli.validate import MAX_WIDTH
 
 ProgressFn = Callable[[ProgressEvent], None]
@@ -209,7 +210,8 @@ def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None
     memory.images, memory.labels, learner.extra = distributed.broadcast_objects(
         [memory.images, memory.labels, learner.extra], group)
     if group.is_main:
-        learner.save(out, keep)
+        with preflight.save_errors(out):
+            learner.save(out, keep)
         write_results(learner.state, out)
     distributed.barrier(group)
 
@@ -308,38 +310,7 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
             "summary": history_summary(state.history)}
 
 
-# -- ways out: ONNX, the Hub, the zoo, serving (sbcli.export; optional extras loaded on use) --
-
-
-def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, half: bool = False,
-                opset: int | None = None, step: int | None = None, overwrite: bool = False) -> Any:
-    """Write the learner at ``learner_dir`` (at kept step ``step``) as one ONNX file, checked against
-    PyTorch in onnxruntime. ``out`` is never a directory or inside a learner, and an existing file
-    only with ``overwrite``.
-
-    Returns an :class:`sbcli.export.onnx.OnnxReport` (path, size, parity: max abs diff, argmax agreement).
-    """
-    from sbcli.export.onnx import OnnxConfig
-    from sbcli.export.onnx import export_onnx as write_onnx
-
-    cfg = OnnxConfig(tolerance=tolerance, half=half, opset=opset)  # checks the opset before loading
-    check_output_file(Path(out), overwrite=overwrite)
-    return write_onnx(Learner.load(learner_dir, "cpu", step), Path(out), cfg)
-
-
-def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half: bool = False,
-                  opset: int | None = None, max_batch_size: int = 64, max_queue_delay_us: int = 1000) -> Any:
-    """Write a Triton Inference Server model repository for the learner; returns a TritonReport."""
-    from sbcli.export.onnx import OnnxConfig
-    from sbcli.export.triton import TritonConfig
-    from sbcli.export.triton import export_triton as write_triton
-
-    cfg = OnnxConfig(half=half, opset=opset)
-    learner = enclosing_learner(Path(out).parent)
-    if learner is not None:
-        raise ConfigError(f"-o {out} is inside the learner at {learner}; write the model repository outside it.")
-    triton = TritonConfig(name=name or Path(learner_dir).resolve().name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us)
-    return write_triton(Learner.load(learner_dir, "cpu"), Path(out), cfg, triton)
+# -- ways out (ONNX, Triton, the Hub, the zoo, serving) live in sbcli.api_out, re-exported above --
 
 
 def rollback(learner_dir: Path, step: int) -> dict:
@@ -361,37 +332,3 @@ def rollback(learner_dir: Path, step: int) -> dict:
             commit_pointer(learner_dir, stored, step)
     return {"learner": str(learner_dir), "step": step, "previous": before, "classes": learner.state.num_classes,
             "kept_steps": kept_steps(learner_dir)}
-
-
-def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,
-         token: str | None = None, endpoint: str | None = None) -> Any:
-    """Push the learner, its ONNX file and a model card to ``repo_id`` (``main`` and branch ``step-N``)."""
-    from sbcli.export.hub import HubConfig
-    from sbcli.export.hub import push as push_learner
-
-    return push_learner(Path(learner_dir), repo_id, with_memory=with_memory, private=private,
-                        cfg=HubConfig(endpoint=endpoint, token=token))
-
-
-def pull(ref: str, out: Path | None = None, *, index: Path | None = None, offline: bool = False,
-         timeout: float = 10.0, token: str | None = None, endpoint: str | None = None) -> Any:
-    """Fetch a zoo entry or ``OWNER/NAME[@REVISION]`` into ``out``, verified; returns a PullReport."""
-    from sbcli.export.hub import HubConfig
-    from sbcli.export.pull import pull as pull_learner
-
-    return pull_learner(ref, out, index=index, cfg=HubConfig(endpoint=endpoint, token=token, timeout=timeout,
-                                                             offline=offline))
-
-
-def zoo(index: Path | None = None) -> list[Any]:
-    """The zoo's entries (:class:`sbcli.zoo.ZooEntry`), from the bundled index or ``index``."""
-    from sbcli.zoo import load_index
-
-    return list(load_index(index).entries.values())
-
-
-def predict(model: Path, images: list[Path], *, top_k: int = 5, batch_size: int = 64, device: str = "auto") -> list[Any]:
-    """Top-k labels and probabilities (:class:`sbcli.export.serve.Prediction`) of a learner or ONNX file."""
-    from sbcli.export.serve import predict as predict_images
-
-    return predict_images(Path(model), images, top_k=top_k, batch_size=batch_size, device=device)

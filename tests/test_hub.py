@@ -262,6 +262,8 @@ def relabelled(learner: Path, tmp_path: Path, names: list[str]) -> Path:
     state["class_names"] = names
     state["class_task"] = [i // 2 for i in range(len(names))]
     state["history"] = [state["history"][0]] * ((len(names) + 1) // 2)
+    # one task per pair of classes, naming only these classes (a learner's fields must agree at load)
+    state["tasks"] = [{**state["tasks"][0], "classes": names[2 * t : 2 * t + 2]} for t in range(len(state["history"]))]
     state["kept_steps"] = {str(len(state["history"])): state["files"]}  # the current step's files
     (copy_dir / "learner.json").write_text(json.dumps(state))
     return copy_dir

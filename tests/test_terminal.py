@@ -62,7 +62,7 @@ def test_each_new_run_gets_the_next_free_folder(grown_run, color_data, monkeypat
         assert json.loads(res.stdout)["learner"] == expected and wrote[-1] == Path(expected)
     monkeypatch.setattr("sbcli.api.train", real_train)
     res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", "runs/train", "--device", "cpu"])
-    assert res.exit_code == 1 and "already exists" in " ".join(res.stderr.split())  # --out keeps refusing
+    assert res.exit_code == 1 and "already holds a learner" in " ".join(res.stderr.split())  # --out keeps refusing
 
 
 def test_run_names_and_resume_needs_out(tmp_path):

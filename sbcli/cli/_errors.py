@@ -67,7 +67,8 @@ def describe(err: BaseException) -> str:
     if isinstance(err, json.JSONDecodeError):
         return f"A file that should be JSON is not ({_first_line(str(err))}); check the file."
     if type(err).__name__ == "SafetensorError":
-        return f"A safetensors file is malformed ({_first_line(str(err))}); restore it from a copy."
+        return (f"A safetensors file could not be read or written ({_first_line(str(err))}); check the disk "
+                "(free space, permissions) and the file.")
     return (f"Unexpected error ({type(err).__name__}: {_first_line(str(err))}); this is a bug in sbcli: "
             "run the command again with SBCLI_DEBUG=1 and report the traceback.")
 
@@ -82,7 +83,7 @@ def _is_typer_control(err: BaseException) -> bool:
 def report(err: BaseException) -> int:
     """Print ``err`` as one line on stderr; the exit code to use."""
     if isinstance(err, KeyboardInterrupt):
-        ERR.print("[bold red]Interrupted[/]: nothing of the step in progress was saved.", highlight=False)
+        ERR.print("[bold red]Interrupted.[/]", highlight=False)
         return INTERRUPTED
     ERR.print(f"[bold red]Error:[/] {escape(describe(err))}", highlight=False, soft_wrap=True)
     return 1

@@ -75,7 +75,7 @@ def export(
     if format_ == "triton":
         if to_hub is not None:
             raise typer.BadParameter("--format triton writes a local model repository; push with --format onnx.", param_hint="--to-hub")
-        _triton(learner, out, half, opset, json_out)
+        _triton(learner, out, half, opset, json_out, quiet)
         return
     with progress.reporter(quiet) as reporter:
         if to_hub is None or out is not None:
@@ -106,14 +106,14 @@ def export(
             render.OUT.print("main was left as it is: it holds a later step of this sequence.")
 
 
-def _triton(learner: Path, out: Optional[Path], half: bool, opset: Optional[int], json_out: bool) -> None:
+def _triton(learner: Path, out: Optional[Path], half: bool, opset: Optional[int], json_out: bool, quiet: bool) -> None:
     """`--format triton`: a model repository at OUT (default ./model_repository)."""
     from sbcli import api
-    from sbcli.cli import render
+    from sbcli.cli import progress, render
 
     repo = out or Path("model_repository")
-    render.ERR.print(f"Exporting {learner} to the Triton model repository {repo}", highlight=False)
-    report = api.export_triton(learner, repo, half=half, opset=opset).to_json()
+    with progress.reporter(quiet) as reporter, reporter.status(f"Exporting {learner} to the Triton model repository {repo}"):
+        report = api.export_triton(learner, repo, half=half, opset=opset).to_json()
     if json_out:
         render.print_json(report)
         return
