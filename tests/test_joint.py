@@ -83,10 +83,10 @@ def test_joint_sequence_sees_all_images_and_refuses_add_task(colors, tmp_path):
     seq = api.SequenceOptions(source=str(colors["train"]), test=str(colors["test"]), image_size=16, tasks=2)
     learner = api.train(seq, run, out)
     assert [h["record"]["joint_images"] for h in learner.state.history] == [48, 96]
-    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(ConfigError, match="add-task"):
         api.add_task(out, colors["new_train"], device="cpu")
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 
 
 def test_unused_state_of_previous_model_does_not_leak():

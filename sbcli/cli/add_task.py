@@ -61,10 +61,10 @@ def add_task(
     reporter = progress.reporter(quiet or not main, every=max(1, (epochs or state.train_config["epochs"]) // 10))
     with distributed.session(device), reporter:
         if main and log:
-            options = {"learner": str(learner), "folder": str(folder), "method": state.method,
+            log_options = {"learner": str(learner), "folder": str(folder), "method": state.method,
                        "method_config": state.method_config, "train": {**state.train_config, "epochs": epochs or state.train_config["epochs"]}}
             before = sum(actual_epochs(state.history))
-            reporter.open_logs = lambda: loggers.open_logs(log, learner, options, before)
+            reporter.open_logs = lambda: loggers.open_logs(log, learner, log_options, before)
         reporter.note(f"Adding the classes of {folder} to {learner}")
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal)
