@@ -6,8 +6,11 @@ without importing each other.
 
 from __future__ import annotations
 
+import os
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -93,13 +96,39 @@ def exact_float32(device: torch.device) -> Iterator[None]:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
 
 
+def runnable_tasks(samples: int = 3, pause: float = 0.005) -> int | None:
+    """The median count of runnable tasks on this machine (``/proc/loadavg``), this one included; None off Linux."""
+    counts = []
+    for i in range(samples):
+        try:
+            field = Path("/proc/loadavg").read_text(encoding="ascii").split()[3]
+        except (OSError, IndexError):
+            return None
+        counts.append(int(field.split("/")[0]))
+        if i + 1 < samples:
+            time.sleep(pause)
+    return sorted(counts)[len(counts) // 2]
+
+
+def free_threads(limit: int, cores: int | None = None, running: int | None = None) -> int:
+    """Threads for a CPU computation that starts now: the cores that other running work leaves free (at least 1, at most ``limit``)."""
+    running = runnable_tasks() if running is None else running
+    if running is None:
+        return limit
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(limit, cores - max(0, running - 1)))
+
+
 @contextmanager
 def compute_threads(threads: int | None) -> Iterator[None]:
-    """Compute on ``threads`` CPU threads inside the block (None: leave torch's setting), then restore."""
-    if threads is None:
-        yield
-        return
+    """Compute on ``threads`` CPU threads inside the block, then restore.
+
+    None (the default): as many as the cores that other running work leaves free when the block
+    starts (measured: two 2-thread trainings on 2 cores ran 35x slower each than one alone; one
+    thread each shared the machine evenly; docs/performance.md)."""
     before = torch.get_num_threads()
+    if threads is None:
+        threads = free_threads(before)
     torch.set_num_threads(threads)
     try:
         yield

@@ -36,3 +36,24 @@ def test_the_python_face_keeps_resolve_device() -> None:
     from sbcli import api
 
     assert api.resolve_device is resolve_device
+
+
+def test_free_threads_follow_the_cores_other_work_leaves():
+    from sbcli.device import free_threads
+
+    assert free_threads(2, cores=2, running=1) == 2  # only this process runs: every core
+    assert free_threads(2, cores=2, running=2) == 1  # another training's thread runs: one core left
+    assert free_threads(2, cores=2, running=9) == 1  # never fewer than one
+    assert free_threads(4, cores=8, running=1) == 4  # never more than asked for
+
+
+def test_default_compute_threads_restore_torch_setting(monkeypatch):
+    import torch
+
+    from sbcli import device
+
+    before = torch.get_num_threads()
+    monkeypatch.setattr(device, "runnable_tasks", lambda: 10**6)
+    with device.compute_threads(None):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
