@@ -51,7 +51,7 @@ MilestonesOpt = Annotated[Optional[str], typer.Option("--milestones", help="Lear
 LrDecayOpt = Annotated[Optional[float], typer.Option("--lr-decay", help="The learning rate is multiplied by this at every milestone (default 0.1).", rich_help_panel=OPT, show_default=False)]
 DropLastOpt = Annotated[Optional[bool], typer.Option("--drop-last/--keep-last", help="Drop each epoch's last partial batch (default, as in the authors' code) or train on it.", rich_help_panel=OPT, show_default=False)]
 EvalBatchSizeOpt = Annotated[Optional[int], typer.Option("--eval-batch-size", help="Batch size when scoring test images and exemplars (default 1024; no effect on results).", rich_help_panel=OPT, show_default=False)]
-ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", envvar="SBCLI_THREADS", help="CPU compute threads while training and evaluating (default: torch's choice).", rich_help_panel=OPT, show_default=False)]
+ThreadsOpt = Annotated[Optional[int], typer.Option("--threads", envvar="SBCLI_THREADS", help="CPU compute threads while training and evaluating (default: the cores that other running work leaves free).", rich_help_panel=OPT, show_default=False)]
 FirstTaskRulesOpt = Annotated[Optional[bool], typer.Option("--first-task-rules/--no-first-task-rules", help="Step 1 keeps the head bias at zero and clips negative head weights (default on, as in the authors' code).", rich_help_panel=METHOD, show_default=False)]
 
 # The options of a run's data source, network, optimisation and budget, in every command that trains (`sb train`,
