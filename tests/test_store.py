@@ -28,6 +28,21 @@ class Crash(BaseException):
     """A simulated kill: no ``except Exception`` cleanup runs, as none would after SIGKILL."""
 
 
+def crash_save(monkeypatch, learner, target, point: str, nth: int) -> None:
+    """Save ``learner`` to ``target`` and crash at the ``nth`` time the save reaches ``point``."""
+    hits = Counter()
+
+    def crash(name):
+        hits[name] += 1
+        if name == point and hits[name] == nth:
+            raise Crash(name)
+
+    monkeypatch.setattr(commit, "checkpoint", crash)
+    with pytest.raises(Crash):
+        learner.save(target)
+    monkeypatch.undo()
+
+
 def marker(learner: Learner) -> float:
     return float(next(iter(learner.model.parameters())).detach().view(-1)[0])
 
@@ -78,17 +93,7 @@ def test_a_crash_at_every_point_of_a_save_leaves_a_complete_learner_old_or_new(b
         target = tmp_path / f"crash-{i}"
         learner = two_steps(base, target)
         fake_step(learner, 3.0)
-        nth, hits = occurrences[point], Counter()
-
-        def crash(name, point=point, nth=nth, hits=hits):
-            hits[name] += 1
-            if name == point and hits[name] == nth:
-                raise Crash(name)
-
-        monkeypatch.setattr(commit, "checkpoint", crash)
-        with pytest.raises(Crash):
-            learner.save(target)
-        monkeypatch.undo()
+        crash_save(monkeypatch, learner, target, point, occurrences[point])
         after = Learner.load(target)  # a reader sees a complete learner at once
         expected = (3, 3.0) if i >= committed_at else (2, 2.0)
         assert (after.state.steps, marker(after)) == expected, point
@@ -245,17 +250,7 @@ def test_a_crash_at_every_point_of_the_first_save_of_a_format_1_learner(tmp_path
         occurrences[point] += 1
         target = tmp_path / f"v1-{i}"
         shutil.copytree(ZOO_V1, target)
-        nth, hits = occurrences[point], Counter()
-
-        def crash(name, point=point, nth=nth, hits=hits):
-            hits[name] += 1
-            if name == point and hits[name] == nth:
-                raise Crash(name)
-
-        monkeypatch.setattr(commit, "checkpoint", crash)
-        with pytest.raises(Crash):
-            learner.save(target)
-        monkeypatch.undo()
+        crash_save(monkeypatch, learner, target, point, occurrences[point])
         after = Learner.load(target)
         assert after.state.steps == (3 if i >= committed_at else 2), point
         assert sorted(kept_steps(target)) == ([2, 3] if i >= committed_at else [2]), point
