@@ -67,6 +67,9 @@ class TrainConfig:
     zero_init_residual: bool = False  # last BN of each residual block starts at 0 (each block the identity)
     val_fraction: float = 0.0  # held out of each step's data to pick every phase's best epoch (sbcli.selection)
     val_every: int = 0  # epochs between validation scores; 0: a fifth of the phase
+    incremental_lr: float | None = None  # the lr of every phase after the first step; None: ``lr`` (the paper's)
+    balance_epochs: int = 0  # class-balanced fine-tuning on the memory after each later step (sbcli.balance); 0: none
+    balance_lr: float = 0.01  # its learning rate
 
     def __post_init__(self) -> None:
         if not 0 <= self.val_fraction < 1:
@@ -77,6 +80,8 @@ class TrainConfig:
             raise ConfigError(f"precision {self.precision} is unknown; choose one of {', '.join(PRECISIONS)}.")
         if self.epochs < 1 or self.batch_size < 1 or self.eval_batch_size < 1:
             raise ConfigError("--epochs, --batch-size and --eval-batch-size must be at least 1.")
+        if self.balance_epochs < 0 or self.balance_lr <= 0 or (self.incremental_lr is not None and self.incremental_lr <= 0):
+            raise ConfigError("--balance-epochs must not be negative, --balance-lr and --incremental-lr must be above 0.")
         if self.lr < 0 or self.momentum < 0 or self.weight_decay < 0 or not 0 < self.lr_decay <= 1:
             raise ConfigError("--lr, --momentum and --weight-decay must not be negative, --lr-decay in (0, 1].")
         if self.nesterov and self.momentum == 0:
@@ -111,6 +116,7 @@ class Phase:
     epochs: int
     teacher: nn.Module | None = None
     after_step: Sequence[StepHook] = ()
+    lr: float | None = None  # this phase's initial learning rate; None: the step's (``TrainConfig.lr``/``incremental_lr``)
 
 
 @dataclass(frozen=True)
@@ -146,19 +152,28 @@ class PhaseReport:
                 "precision": self.precision, "processes": self.processes, **self.extra}
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.SGD:
+def phase_lr(cfg: TrainConfig, task: int, phase: Phase | None = None) -> float:
+    """The initial learning rate of a phase of step ``task`` (1-based): the phase's own, else
+    ``incremental_lr`` after the first step when set, else ``lr``."""
+    if phase is not None and phase.lr is not None:
+        return phase.lr
+    return cfg.incremental_lr if task > 1 and cfg.incremental_lr is not None else cfg.lr
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig, device: torch.device, lr: float | None = None) -> torch.optim.SGD:
     """SGD with momentum (Nesterov unless ``cfg.nesterov`` is off) and weight decay on every parameter; fused on CUDA."""
     params = [p for p in model.parameters() if p.requires_grad]
     fused = device.type == "cuda"
-    return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
+    return torch.optim.SGD(params, lr=cfg.lr if lr is None else lr, momentum=cfg.momentum, nesterov=cfg.nesterov,
                            weight_decay=cfg.weight_decay, fused=fused or None)
 
 
-def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int, batches_per_epoch: int) -> PhaseSchedule:
+def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int, batches_per_epoch: int,
+                  lr: float | None = None) -> PhaseSchedule:
     """Milestones at the configured fractions of the phase's epochs (60/120/160 of 200), after
-    ``cfg.warmup_epochs`` of linear warm-up."""
-    return schedule.make_schedule(opt, cfg.lr, cfg.milestones, cfg.lr_decay, epochs, batches_per_epoch,
-                                  cfg.warmup_epochs)
+    ``cfg.warmup_epochs`` of linear warm-up, from ``lr`` (default ``cfg.lr``)."""
+    return schedule.make_schedule(opt, cfg.lr if lr is None else lr, cfg.milestones, cfg.lr_decay, epochs,
+                                  batches_per_epoch, cfg.warmup_epochs)
 
 
 class Engine:
@@ -208,9 +223,10 @@ class Engine:
         phase; the epoch loop only launches work and reads the loss once per epoch.
         """
         self._to_layout(model, phase.teacher)
-        opt = make_optimizer(model, self.cfg, self.device)
+        lr = phase_lr(self.cfg, self.task, phase)
+        opt = make_optimizer(model, self.cfg, self.device, lr)
         sched = make_schedule(opt, self.cfg, phase.epochs, schedule.steps_per_epoch(len(data), self.cfg.batch_size,
-                                                                                 self.cfg.drop_last))
+                                                                                 self.cfg.drop_last), lr)
         student = self._compiled(distributed.data_parallel(model, self.device, self.dist))
         teacher = None if phase.teacher is None else self._compiled(phase.teacher.eval())
         start, seen, loss = time.perf_counter(), 0, float("nan")

@@ -10,12 +10,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sbcli import selection
+from sbcli.balance import balanced_finetune
 from sbcli.data.device import DeviceData
 from sbcli.data.imageset import ImageSet
 from sbcli.engine import Engine
 from sbcli.inference import outside_network, refresh_state, scores
 from sbcli.learner import Learner
-from sbcli.methods import METHODS, TaskContext, config_from_json
+from sbcli.methods import METHODS, TaskContext, TaskResult, config_from_json
 from sbcli.methods.common import frozen_copy
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
@@ -86,6 +87,8 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     learner.extra.update(result.extra_state)
     learner.memory.update(train.images, train.labels, state.num_classes, lambda x: engine.features(learner.model, x))
     learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
+    if _balance(learner, engine, step, cfg.inference == "wa", result, test):
+        learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
     metrics = evaluate_learner(learner, engine, test)
     entry = {"step": step + 1, "num_classes": state.num_classes, "metrics": metrics.to_json()}
     if outside_network(cfg.inference):  # other tools report both: the rule's accuracy and the network's
@@ -95,6 +98,24 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     state.history.append({**entry, "phases": [p.to_json() for p in result.phases], "record": result.record,
                           "seconds": round(seconds, 2)})
     return StepSummary(step + 1, state.num_classes, metrics, seconds)
+
+
+def _balance(learner: Learner, engine: Engine, step: int, wa: bool, result: TaskResult, test: ImageSet) -> bool:
+    """--balance-epochs: class-balanced fine-tuning on the updated memory after a later step (sbcli.balance).
+
+    Records the accuracy before it (``before_balance``) and its phase; True when it ran.
+    """
+    tc = learner.state.train_config
+    epochs = int(tc.get("balance_epochs", 0))
+    if step == 0 or epochs <= 0 or len(learner.memory) == 0:
+        return False
+    engine.validator = None  # the held-out images picked the method's epochs; this phase keeps its last
+    result.record["before_balance"] = evaluate_learner(learner, engine, test).to_json()
+    report = balanced_finetune(learner.model, learner.memory.tensors(), engine, epochs, float(tc.get("balance_lr", 0.01)),
+                               hold_bias_at_zero=wa)
+    if report is not None:
+        result.phases.append(report)
+    return report is not None
 
 
 def _on_device(images: ImageSet, engine: Engine) -> DeviceData:

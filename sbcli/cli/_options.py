@@ -42,6 +42,9 @@ PretrainedOpt = Annotated[Optional[str], typer.Option("--pretrained", help="Star
 PretrainedHashOpt = Annotated[Optional[str], typer.Option("--pretrained-sha256", help="Refuse --pretrained weights whose SHA-256 differs from this.", rich_help_panel=OPT, show_default=False)]
 ValFractionOpt = Annotated[Optional[float], typer.Option("--val-fraction", help="Hold out this share of each new class's images and of the exemplars; every phase keeps its best epoch on them (default 0: the last epoch).", rich_help_panel=OPT, show_default=False)]
 ValEveryOpt = Annotated[Optional[int], typer.Option("--val-every", help="With --val-fraction: epochs between validation scores (default: a fifth of the phase).", rich_help_panel=OPT, show_default=False)]
+IncrementalLrOpt = Annotated[Optional[float], typer.Option("--incremental-lr", help="Initial learning rate of every phase after the first step (default: --lr).", rich_help_panel=OPT, show_default=False)]
+BalanceEpochsOpt = Annotated[Optional[int], typer.Option("--balance-epochs", help="After each later step, fine-tune this many epochs on the class-balanced exemplar memory (default 0: none).", rich_help_panel=OPT, show_default=False)]
+BalanceLrOpt = Annotated[Optional[float], typer.Option("--balance-lr", help="Learning rate of that fine-tuning (default 0.01).", rich_help_panel=OPT, show_default=False)]
 
 # The engine's other settings (sbcli.engine.TrainConfig), in `sb train` and `sb bench`; unset: the authors' values.
 MomentumOpt = Annotated[Optional[float], typer.Option("--momentum", help="SGD momentum (default 0.9).", rich_help_panel=OPT, show_default=False)]
@@ -66,6 +69,8 @@ RUN_OPTIONS: dict[str, tuple[Any, Any]] = {
     "weight_decay": (WeightDecayOpt, None), "milestones": (MilestonesOpt, None), "lr_decay": (LrDecayOpt, None),
     "drop_last": (DropLastOpt, None), "eval_batch_size": (EvalBatchSizeOpt, None), "threads": (ThreadsOpt, None),
     "val_fraction": (ValFractionOpt, None), "val_every": (ValEveryOpt, None),
+    "incremental_lr": (IncrementalLrOpt, None), "balance_epochs": (BalanceEpochsOpt, None),
+    "balance_lr": (BalanceLrOpt, None),
     "memory": (MemoryOpt, None), "selection": (SelectionOpt, None), "compile": (CompileOpt, False),
     "precision": (PrecisionOpt, "auto"), "seed": (SeedOpt, None), "device": (DeviceOpt, "auto"),
 }

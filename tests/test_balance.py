@@ -1,0 +1,105 @@
+"""Keeping old classes at small budgets: ``--incremental-lr`` (the lr of later steps) and
+``--balance-epochs`` (class-balanced fine-tuning on the memory, sbcli.balance)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from sbcli import api
+from sbcli.balance import balanced_finetune
+from sbcli.data.device import DeviceData, Normalization
+from sbcli.engine import Engine, Phase, TrainConfig, phase_lr
+from sbcli.errors import ConfigError
+from sbcli.losses import ce_loss
+from sbcli.nets import create_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def first_lrs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Records the learning rate of every optimiser step taken from now on."""
+    seen: list[float] = []
+    real_step = torch.optim.SGD.step
+
+    def step(self, *args, **kwargs):
+        seen.append(self.param_groups[0]["lr"])
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    return seen
+
+
+def small_data(n_per_class: int = 4, classes: int = 3) -> DeviceData:
+    labels = torch.arange(classes).repeat_interleave(n_per_class)
+    return DeviceData(torch.randint(0, 256, (len(labels), 3, 8, 8), dtype=torch.uint8), labels)
+
+
+def test_later_steps_start_from_the_incremental_lr_and_a_phase_may_set_its_own(monkeypatch):
+    cfg = TrainConfig(epochs=1, batch_size=4, lr=0.1, incremental_lr=0.01)
+    assert [phase_lr(cfg, task) for task in (0, 1, 2, 5)] == [0.1, 0.1, 0.01, 0.01]
+    assert phase_lr(TrainConfig(lr=0.1), 3) == 0.1  # unset: the paper's one lr for every step
+    assert phase_lr(cfg, 2, Phase("x", lambda out: out.logits.sum(), 1, lr=0.5)) == 0.5
+    seen = first_lrs(monkeypatch)
+    torch.manual_seed(0)
+    engine = Engine(cfg, torch.device("cpu"), Normalization(), seed=0)
+    model = create_model("resnet32", 3, 0.25)
+    loss = Phase("p", lambda out: ce_loss(out.logits, out.targets), 1)
+    for task in (1, 2):
+        engine.task = task
+        engine.run(model, small_data(), loss)
+    assert seen == pytest.approx([0.1] * 3 + [0.01] * 3)
+
+
+def test_the_balance_phase_trains_on_the_memory_alone_at_its_lr_and_keeps_a_zero_bias(monkeypatch):
+    torch.manual_seed(0)
+    model = create_model("resnet32", 3, 0.25)
+    with torch.no_grad():
+        model.head.bias.zero_()
+    engine = Engine(TrainConfig(epochs=1, batch_size=4, lr=0.1), torch.device("cpu"), Normalization(), seed=0)
+    seen = first_lrs(monkeypatch)
+    memory = small_data(n_per_class=4)
+    report = balanced_finetune(model, (memory.images, memory.labels), engine, epochs=2, lr=0.02, hold_bias_at_zero=True)
+    assert report is not None and report.name == "balance" and report.epochs == 2
+    # 12 images / batch 4 = 3 steps an epoch; from its own lr, under the step's schedule (a milestone at 0.3 of 2 epochs)
+    assert seen == pytest.approx([0.02] * 3 + [0.002] * 3)
+    assert torch.all(model.head.bias == 0)
+    empty = (torch.zeros(0, 3, 8, 8, dtype=torch.uint8), torch.zeros(0, dtype=torch.long))
+    assert balanced_finetune(model, empty, engine, 2, 0.02, True) is None
+    assert balanced_finetune(model, (memory.images, memory.labels), engine, 0, 0.02, True) is None
+
+
+def test_a_run_records_the_balance_phase_after_every_later_step_and_the_options(tmp_path: Path, four_colors):
+    cfg = TrainConfig(epochs=1, batch_size=16, incremental_lr=0.05, balance_epochs=2, balance_lr=0.02)
+    run = api.RunOptions(method="std", width=0.125, train=cfg, memory=16, device="cpu")
+    api.train(api.SequenceOptions(source=str(four_colors["train"]), test=str(four_colors["test"]), tasks=2), run,
+              tmp_path / "l")
+    learner = json.loads((tmp_path / "l" / "learner.json").read_text())
+    recorded = learner["train_config"]
+    assert (recorded["incremental_lr"], recorded["balance_epochs"], recorded["balance_lr"]) == (0.05, 2, 0.02)
+    first, second = learner["history"]
+    assert [p["name"] for p in first["phases"]] == ["base"]  # nothing to balance after the first task
+    assert [p["name"] for p in second["phases"]] == ["std", "balance"]
+    assert second["phases"][1]["epochs"] == 2
+    assert set(second["record"]["before_balance"]) >= {"overall", "old", "new"}
+
+
+@pytest.mark.parametrize("bad", [{"balance_epochs": -1}, {"balance_lr": 0.0}, {"incremental_lr": -0.1}])
+def test_bad_values_are_refused_in_one_sentence(bad):
+    with pytest.raises(ConfigError, match="--balance-epochs must not be negative"):
+        TrainConfig(**bad)
+
+
+def test_the_cli_takes_them_and_refuses_a_negative_one_before_any_work(tmp_path: Path, four_colors):
+    from typer.testing import CliRunner
+
+    from sbcli.cli.app import app
+
+    out = tmp_path / "l"
+    result = CliRunner().invoke(app, ["train", str(four_colors["train"]), "--test", str(four_colors["test"]), "--out",
+                                      str(out), "--balance-epochs", "-2", "--quiet"])
+    assert result.exit_code != 0 and "--balance-epochs must not be negative" in result.output
+    assert not out.exists()
