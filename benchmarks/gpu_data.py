@@ -28,7 +28,8 @@ def unpack(archive: Path, dest: Path) -> tuple[Path, Path]:
     return root / "train", root / "test"
 
 
-def write_tiny_archive(path: Path, classes: int = 6, train: int = 12, test: int = 4, size: int = 32) -> Path:
+def write_tiny_archive(path: Path, classes: int = 6, train: int = 12, test: int = 4, size: int = 32,
+                       name: str = DATA_NAME, image_format: str = "WEBP") -> Path:
     """A small archive in the layout of the real one (WebP, class-per-folder), for dry runs and tests."""
     import io
 
@@ -37,15 +38,15 @@ def write_tiny_archive(path: Path, classes: int = 6, train: int = 12, test: int 
 
     rng = np.random.default_rng(0)
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"{DATA_NAME}/words.txt", "".join(f"n{c:08d}\tclass {c}\n" for c in range(classes)))
+        zf.writestr(f"{name}/words.txt", "".join(f"n{c:08d}\tclass {c}\n" for c in range(classes)))
         for c in range(classes):
             colour = rng.integers(30, 226, 3)
             for split, count in (("train", train), ("test", test)):
                 for i in range(count):
                     pixels = np.clip(colour + rng.normal(0, 30, (size, size, 3)), 0, 255).astype(np.uint8)
                     buf = io.BytesIO()
-                    Image.fromarray(pixels).save(buf, format="WEBP", quality=90)
-                    zf.writestr(f"{DATA_NAME}/{split}/n{c:08d}/{i}.webp", buf.getvalue())
+                    Image.fromarray(pixels).save(buf, format=image_format, quality=90)
+                    zf.writestr(f"{name}/{split}/n{c:08d}/{i}.{image_format.lower()}", buf.getvalue())
     return path
 
 
@@ -60,3 +61,23 @@ def travel_size(repo: Path, carry: list[str]) -> dict:
     return {"tree_mib": round(tree / 2**20, 1), "carried_mib": {k: round(v / 2**20, 1) for k, v in carried.items()},
             "total_mib": round(total / 2**20, 1), "limit_mib": TRAVEL_LIMIT_MIB,
             "fits": total <= TRAVEL_LIMIT_MIB * 2**20}
+
+
+def write_subset(archive: Path, dest: Path, train_per_class: int | None, test_per_class: int | None = None) -> Path:
+    """A class-per-folder archive of ``archive``'s first ``train_per_class`` training (and
+    ``test_per_class`` test) files of every class, in file-name order, its bytes as they are.
+
+    For an issue-15 device call: CIFAR-10 at "a few hundred photos a class" (500) travels beside the
+    32 px Tiny-ImageNet-100 archive under the 64 MiB limit (``travel_size``).
+    """
+    limits = {"train": train_per_class, "test": test_per_class}
+    with zipfile.ZipFile(archive) as src, zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as out:
+        by_class: dict[tuple[str, str], list[str]] = {}
+        for name in src.namelist():
+            parts = name.split("/")
+            if len(parts) == 4 and parts[1] in limits and parts[3]:
+                by_class.setdefault((parts[1], parts[2]), []).append(name)
+        for (split, _), names in sorted(by_class.items()):
+            for name in sorted(names)[: limits[split]]:
+                out.writestr(name, src.read(name))
+    return dest
