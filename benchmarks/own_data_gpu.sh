@@ -5,13 +5,6 @@
 # /work/.library/device/README.md) are installed first. Arguments go to benchmarks/own_data_gpu.py.
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 1
-out="${OUT:-$PWD/gpu-results}"
-mkdir -p "$out"
-py="${PYTHON:-python3}"
-if compgen -G ".whl/*.whl" > /dev/null; then
-    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" || exit 1
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+source benchmarks/device_env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
 "$py" benchmarks/own_data_gpu.py --out "$out" "$@" 2>&1 | tee "$out/log.txt"

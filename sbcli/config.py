@@ -26,14 +26,16 @@ from sbcli.errors import ConfigError
 
 # What a run uses when an option is not given: the paper's settings for benchmarks, and a
 # CPU-sized budget for the bundled demo so that `sb train` alone ends in a few minutes.
+# Own-data additions, measured (docs/benchmarks.md): warm-up on, class-balanced fine-tuning on (the paper
+# recipes and `sb bench`: neither); zero-init measured harmful.
 GLOBAL_DEFAULTS = {"method": "sb", "arch": "resnet18", "lr": 0.1, "selection": "random", "seed": 0, "order_seed": 0,
-                   "warmup_epochs": 1.0, "zero_init_residual": False}  # warm-up on (paper recipes: 0); zero-init measured harmful
-DEMO_DEFAULTS = {"tasks": 5, "width": 0.25, "epochs": 4, "batch_size": 64, "memory": 200}
+                   "warmup_epochs": 1.0, "zero_init_residual": False, "balance_epochs": 2}
+DEMO_DEFAULTS = {"tasks": 5, "width": 0.25, "epochs": 8, "batch_size": 64, "memory": 200}  # measured: benchmarks.md, "The demo's budget"
 PAPER_DEFAULTS = {"tasks": 10, "width": 1.0, "epochs": 200, "batch_size": 256, "memory": 2000}
 FOLDER_DEFAULTS = {"tasks": 1, "width": 1.0, "epochs": 30, "batch_size": 128, "memory": 2000}
 PAPER_BENCHMARKS = ("cifar10", "cifar100", "tiny-imagenet")
-# `sb bench` rebuilds the paper's comparison: no warm-up, no zero-initialised residual BNs unless asked.
-BENCH_KEEPS_ENGINE_DEFAULTS = ("warmup_epochs", "zero_init_residual")
+# `sb bench` rebuilds the paper's comparison: no warm-up, no zero-initialised residual BNs, no balancing unless asked.
+BENCH_KEEPS_ENGINE_DEFAULTS = ("warmup_epochs", "zero_init_residual", "balance_epochs")
 
 
 def defaults_for(source: str | None) -> dict:
@@ -153,6 +155,7 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
         ConfigError: a value is malformed (``--milestones``, ``--phase-epochs``) or refused.
     """
     o = merge(given, defaults_for(given.get("source")) if defaults is None else defaults)
+    _balance_with_bic(o, given)
     method_options = {k: o.get(k) for k in sorted(method_keys())} | _phase_epochs(o.get("phase_epochs"))
     engine = {k: o[k] for k in engine_keys() if o.get(k) is not None}
     if "milestones" in engine:
@@ -168,6 +171,17 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
     run = RunOptions(method_options=method_options, train=TrainConfig(**engine),
                      **{k: o[k] for k in run_fields if o.get(k) is not None})
     return seq, run, None if o.get("out") is None else Path(o["out"])
+
+
+def _balance_with_bic(o: dict, given: dict) -> None:
+    """BiC fits its bias layer on the network a step ends with; balancing after it would undo what the
+    layer measured. The default balancing is dropped under ``--inference bic``; asked for, it is refused."""
+    if o.get("inference") != "bic" or not o.get("balance_epochs"):
+        return
+    if given.get("balance_epochs"):
+        raise ConfigError("--balance-epochs does not go with --inference bic (its bias layer already corrects the "
+                          "new classes' bias); drop one of them.")
+    o["balance_epochs"] = 0
 
 
 def _phase_epochs(value: Any) -> dict[str, int]:

@@ -87,7 +87,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     learner.extra.update(result.extra_state)
     learner.memory.update(train.images, train.labels, state.num_classes, lambda x: engine.features(learner.model, x))
     learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
-    if _balance(learner, engine, step, cfg.inference == "wa", result, test):
+    if _balance(learner, engine, step, cfg.inference, result, test):
         learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
     metrics = evaluate_learner(learner, engine, test)
     entry = {"step": step + 1, "num_classes": state.num_classes, "metrics": metrics.to_json()}
@@ -100,19 +100,21 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     return StepSummary(step + 1, state.num_classes, metrics, seconds)
 
 
-def _balance(learner: Learner, engine: Engine, step: int, wa: bool, result: TaskResult, test: ImageSet) -> bool:
+def _balance(learner: Learner, engine: Engine, step: int, inference: str, result: TaskResult, test: ImageSet) -> bool:
     """--balance-epochs: class-balanced fine-tuning on the updated memory after a later step (sbcli.balance).
 
-    Records the accuracy before it (``before_balance``) and its phase; True when it ran.
+    Never under BiC, whose bias layer was fit on the network as the step left it (the config layer
+    drops the default and refuses an asked one; this guards learners written otherwise). Records the
+    accuracy before it (``before_balance``) and its phase; True when it ran.
     """
     tc = learner.state.train_config
     epochs = int(tc.get("balance_epochs", 0))
-    if step == 0 or epochs <= 0 or len(learner.memory) == 0:
+    if step == 0 or epochs <= 0 or len(learner.memory) == 0 or inference == "bic":
         return False
     engine.validator = None  # the held-out images picked the method's epochs; this phase keeps its last
     result.record["before_balance"] = evaluate_learner(learner, engine, test).to_json()
     report = balanced_finetune(learner.model, learner.memory.tensors(), engine, epochs, float(tc.get("balance_lr", 0.01)),
-                               hold_bias_at_zero=wa)
+                               hold_bias_at_zero=inference == "wa")
     if report is not None:
         result.phases.append(report)
     return report is not None

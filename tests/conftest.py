@@ -65,3 +65,17 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def sgd_lrs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The learning rate of every SGD step taken from now on, in order (recorded inside ``SGD.step``)."""
+    seen: list[float] = []
+    real_step = torch.optim.SGD.step
+
+    def step(self, *args, **kwargs):
+        seen.append(self.param_groups[0]["lr"])
+        return real_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.SGD, "step", step)
+    return seen

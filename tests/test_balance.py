@@ -20,30 +20,17 @@ from sbcli.nets import create_model
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def first_lrs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """Records the learning rate of every optimiser step taken from now on."""
-    seen: list[float] = []
-    real_step = torch.optim.SGD.step
-
-    def step(self, *args, **kwargs):
-        seen.append(self.param_groups[0]["lr"])
-        return real_step(self, *args, **kwargs)
-
-    monkeypatch.setattr(torch.optim.SGD, "step", step)
-    return seen
-
-
 def small_data(n_per_class: int = 4, classes: int = 3) -> DeviceData:
     labels = torch.arange(classes).repeat_interleave(n_per_class)
     return DeviceData(torch.randint(0, 256, (len(labels), 3, 8, 8), dtype=torch.uint8), labels)
 
 
-def test_later_steps_start_from_the_incremental_lr_and_a_phase_may_set_its_own(monkeypatch):
+def test_later_steps_start_from_the_incremental_lr_and_a_phase_may_set_its_own(sgd_lrs):
     cfg = TrainConfig(epochs=1, batch_size=4, lr=0.1, incremental_lr=0.01)
     assert [phase_lr(cfg, task) for task in (0, 1, 2, 5)] == [0.1, 0.1, 0.01, 0.01]
     assert phase_lr(TrainConfig(lr=0.1), 3) == 0.1  # unset: the paper's one lr for every step
     assert phase_lr(cfg, 2, Phase("x", lambda out: out.logits.sum(), 1, lr=0.5)) == 0.5
-    seen = first_lrs(monkeypatch)
+    seen = sgd_lrs
     torch.manual_seed(0)
     engine = Engine(cfg, torch.device("cpu"), Normalization(), seed=0)
     model = create_model("resnet32", 3, 0.25)
@@ -54,13 +41,13 @@ def test_later_steps_start_from_the_incremental_lr_and_a_phase_may_set_its_own(m
     assert seen == pytest.approx([0.1] * 3 + [0.01] * 3)
 
 
-def test_the_balance_phase_trains_on_the_memory_alone_at_its_lr_and_keeps_a_zero_bias(monkeypatch):
+def test_the_balance_phase_trains_on_the_memory_alone_at_its_lr_and_keeps_a_zero_bias(sgd_lrs):
     torch.manual_seed(0)
     model = create_model("resnet32", 3, 0.25)
     with torch.no_grad():
         model.head.bias.zero_()
     engine = Engine(TrainConfig(epochs=1, batch_size=4, lr=0.1), torch.device("cpu"), Normalization(), seed=0)
-    seen = first_lrs(monkeypatch)
+    seen = sgd_lrs
     memory = small_data(n_per_class=4)
     report = balanced_finetune(model, (memory.images, memory.labels), engine, epochs=2, lr=0.02, hold_bias_at_zero=True)
     assert report is not None and report.name == "balance" and report.epochs == 2
@@ -103,3 +90,32 @@ def test_the_cli_takes_them_and_refuses_a_negative_one_before_any_work(tmp_path:
                                       str(out), "--balance-epochs", "-2", "--quiet"])
     assert result.exit_code != 0 and "--balance-epochs must not be negative" in result.output
     assert not out.exists()
+
+
+def test_own_data_runs_balance_by_default_and_the_paper_recipes_and_sb_bench_do_not(tmp_path: Path):
+    from sbcli.cli import runs
+    from sbcli.cli import train as train_cmd
+    from sbcli.config import bench_defaults
+
+    given = {name: None for name in ("recipe", "source", "out")} | {"out": str(tmp_path / "x")}
+    for source in (None, "photos"):
+        _, run, _ = runs.build_options(given | {"source": source}, train_cmd.defaults_for(source))
+        assert run.train.balance_epochs == 2 and run.train.incremental_lr is None
+    for recipe in ("paper-10", "paper-2"):
+        _, paper, _ = runs.build_options(given | {"recipe": recipe, "source": "cifar100"}, train_cmd.defaults_for("cifar100"))
+        assert paper.train.balance_epochs == 0
+    assert "balance_epochs" not in bench_defaults("cifar100") and "balance_epochs" not in bench_defaults(None)
+    _, asked, _ = runs.build_options(given | {"balance_epochs": 0}, train_cmd.defaults_for(None))
+    assert asked.train.balance_epochs == 0
+
+
+def test_bic_drops_the_default_balancing_and_refuses_an_asked_one(tmp_path: Path):
+    from sbcli.cli import runs
+    from sbcli.cli import train as train_cmd
+
+    given = {name: None for name in ("recipe", "source", "out")} | {"out": str(tmp_path / "x"), "method": "std",
+                                                                      "inference": "bic"}
+    _, run, _ = runs.build_options(given, train_cmd.defaults_for(None))
+    assert run.train.balance_epochs == 0
+    with pytest.raises(ConfigError, match="--balance-epochs does not go with --inference bic"):
+        runs.build_options(given | {"balance_epochs": 2}, train_cmd.defaults_for(None))

@@ -262,6 +262,18 @@ def test_ablation_table_rows_per_incremental_step():
     assert render.ablation_table([step(1, {}), step(2, {"before_wa": {"overall": 1.0}})]) is None
 
 
+def test_ablation_table_shows_the_balance_phase_apart_from_weight_aligning():
+    history = [{"step": 1, "metrics": {"overall": 90.0}, "record": {}},
+               {"step": 2, "metrics": {"overall": 60.0},
+                "record": {"after_B": {"overall": 30.0}, "after_C": {"overall": 35.0}, "wa_factor": 0.9,
+                           "before_balance": {"overall": 51.5}, "cross_norm_before_disconnect": 1.5}}]
+    console = Console(file=io.StringIO(), width=200)
+    console.print(render.ablation_table(history))
+    text = console.file.getvalue()
+    rows = [[c for c in line.strip("│ ").split() if c != "│"] for line in text.splitlines() if line.startswith("│")]
+    assert "+balance" in text and rows == [["2", "30.00", "35.00", "51.50", "60.00", "1.5000"]]
+
+
 # --------------------------------------------------------------------------------------------
 # Recipes: the paper's settings
 # --------------------------------------------------------------------------------------------

@@ -22,3 +22,15 @@ def test_it_names_chance_and_old_against_new_classes():
 def test_one_step_has_no_old_classes():
     line = closing_line([step(5, 84.4, math.nan, 84.4)])
     assert line.endswith("(chance 20.0 %).") and "old" not in line
+
+
+def test_a_hint_follows_when_the_old_classes_kept_under_half_of_the_new_ones():
+    from sbcli.cli.runs import keeping_hint
+
+    forgot = [step(5, 50.0, math.nan, 50.0), step(50, 6.7, 0.9, 59.2)]
+    hint = keeping_hint(forgot, {"budget": 500}, {})
+    assert hint is not None and "--memory 500" in hint and "10 exemplars a class" in hint and "--pretrained" in hint
+    assert "--pretrained" not in keeping_hint(forgot, {"budget": 500}, {"pretrained": {"repo": "a/b"}})
+    kept = [step(2, 96.0, math.nan, 96.0), step(10, 62.25, 58.1, 78.0)]
+    assert keeping_hint(kept, {"budget": 200}, {}) is None
+    assert keeping_hint([step(5, 84.4, math.nan, 84.4)], {"budget": 200}, {}) is None

@@ -50,7 +50,7 @@ def add_task(
     """Add a new class set to a learner (the learner is rewritten only when the step is done)."""
     from sbcli import api, distributed, loggers
     from sbcli.cli import progress, render
-    from sbcli.cli.runs import closing_line
+    from sbcli.cli.runs import closing_line, keeping_hint
     from sbcli.learner import read_state
     from sbcli.metrics import history_summary
     from sbcli.plan import actual_epochs
@@ -75,7 +75,8 @@ def add_task(
             reporter.note(note)
     if not main:
         return
-    history = read_state(learner).history
+    after = read_state(learner)
+    history = after.history
     result = history_summary(history)
     if json_out:
         render.print_json({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(),
@@ -84,4 +85,7 @@ def add_task(
     for table in render.closing_tables(history, result):
         render.OUT.print(table)
     render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
+    hint = keeping_hint(history, after.memory, after.provenance)
+    if hint:
+        render.OUT.print(hint, highlight=False, soft_wrap=True)
     render.OUT.print(f"Learner {learner} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")

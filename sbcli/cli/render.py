@@ -62,22 +62,29 @@ def closing_tables(history: list[dict], summary: dict) -> list[Table]:
 
 
 def ablation_table(history: list[dict]) -> Table | None:
-    """Split only (after B) / split + bridge (after C) / + WA, per incremental step of Split-and-Bridge.
+    """Split only (after B) / split + bridge (after C) / + WA (/ + balance), per incremental step of Split-and-Bridge.
 
     A step that was not split (bf = 1) shows "-" for "after B" and the cross norm; "+WA" is "-" when
-    the learner does not weight-align (``--inference none``).
+    the learner does not weight-align (``--inference none``). With ``--balance-epochs`` a "+balance"
+    column shows the step's final accuracy, and "+WA" the accuracy before balancing.
     """
     rows = [h for h in history if "after_C" in h.get("record", {})]
     if not rows:
         return None
+    balanced = any("before_balance" in h["record"] for h in rows)
     table = Table(title="Split-and-Bridge ablation: accuracy (%)")
-    for col in ("step", "split (after B)", "split+bridge (after C)", "+WA", "cross norm before disconnect"):
+    columns = ("step", "split (after B)", "split+bridge (after C)", "+WA", *(("+balance",) if balanced else ()),
+               "cross norm before disconnect")
+    for col in columns:
         table.add_column(col, justify="right")
     for h in rows:
         r = h["record"]
         after_b = r.get("after_B", {}).get("overall")
-        with_wa = h["metrics"]["overall"] if "wa_factor" in r else None
-        table.add_row(str(h["step"]), fmt(after_b), fmt(r["after_C"]["overall"]), fmt(with_wa),
+        final = h["metrics"]["overall"]
+        before_balance = r.get("before_balance", {}).get("overall", final)
+        with_wa = before_balance if "wa_factor" in r else None
+        balance = (fmt(final) if "before_balance" in r else "-",) if balanced else ()
+        table.add_row(str(h["step"]), fmt(after_b), fmt(r["after_C"]["overall"]), fmt(with_wa), *balance,
                       fmt(r.get("cross_norm_before_disconnect"), 4))
     return table
 

@@ -36,6 +36,9 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
     for table in render.closing_tables(history, result):
         render.OUT.print(table)
     render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
+    hint = keeping_hint(history, learner.state.memory, learner.state.provenance)
+    if hint:
+        render.OUT.print(hint, highlight=False, soft_wrap=True)
     render.OUT.print(f"Learner saved to {out} (with history.csv{render.png_note(out)}); "
                      f"add classes with `sb add-task {out} FOLDER --test FOLDER`.")
 
@@ -50,3 +53,17 @@ def closing_line(history: list[dict]) -> str:
         return text + "."
     return (f"{text}; {last['old']:.1f} % on the {seen - new} old classes (what was kept), {last['new']:.1f} % "
             f"on the {new} new ones (what was learned).")
+
+
+def keeping_hint(history: list[dict], memory: dict, provenance: dict) -> str | None:
+    """When the old classes kept under half of what the new ones reached, what keeps more (measured:
+    docs/benchmarks.md, "Keeping the old classes"): more exemplars a class, a pretrained backbone."""
+    last = history[-1]["metrics"] if history else {}
+    old, new = last.get("old", float("nan")), last.get("new", float("nan"))
+    if len(history) < 2 or old != old or new != new or old >= new / 2:
+        return None
+    budget, seen = int(memory.get("budget", 0)), history[-1]["num_classes"]
+    also = "" if provenance.get("pretrained") else " or a --pretrained backbone"
+    return (f"The old classes kept less than half of what the new ones reached ({budget // seen} exemplars a class "
+            f"with --memory {budget}); in sbcli's measurements more exemplars a class{also} kept the most "
+            "(docs/benchmarks.md, \"Keeping the old classes\").")
