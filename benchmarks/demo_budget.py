@@ -7,7 +7,8 @@
 Each run is `python -m sbcli train --out OUT/NAME-sSEED --json -q --threads T --seed SEED OPTIONS`,
 one after the other (timed with the wall clock: run it on an otherwise idle machine), and the table
 gives per variant the seconds, the last step's accuracy with its old and new classes per seed, and
-the average incremental accuracy over steps 2..T. ``--threads`` fixes the arithmetic: the demo's
+the average incremental accuracy over steps 2..T and the
+forgetting (the mean drop of each earlier task from its best to the end, as `sb train` prints). ``--threads`` fixes the arithmetic: the demo's
 numbers change with the thread count (docs/benchmarks.md, "The demo's budget").
 """
 
@@ -47,13 +48,15 @@ def history(learner: Path) -> list[dict]:
 
 
 def report(out: Path, names: list[str], seeds: list[int]) -> str:
-    rows = ["| variant | seconds (per seed) | last step: all (old / new) per seed | mean last | mean avg 2..T |",
-            "|---|---|---|---|---|"]
+    from sbcli.metrics import history_summary
+
+    rows = ["| variant | seconds (per seed) | last step: all (old / new) per seed | mean last | mean avg 2..T | mean forgetting |",
+            "|---|---|---|---|---|---|"]
     for name in names:
         found = [(s, out / f"{name}-s{s}") for s in seeds if (out / f"{name}-s{s}.seconds").is_file()]  # finished
         if not found:
             continue
-        secs, lasts, avgs, cells = [], [], [], []
+        secs, lasts, avgs, cells, forgetting = [], [], [], [], []
         for seed, learner in found:
             h = history(learner)
             m = h[-1]["metrics"]
@@ -61,8 +64,9 @@ def report(out: Path, names: list[str], seeds: list[int]) -> str:
             lasts.append(m["overall"])
             avgs.append(sum(x["metrics"]["overall"] for x in h[1:]) / max(1, len(h) - 1))
             cells.append(f"{m['overall']:.1f} ({m['old']:.1f} / {m['new']:.1f})")
+            forgetting.append(history_summary(h)["forgetting"])
         rows.append(f"| {name} | {', '.join(secs)} | {'; '.join(cells)} | {sum(lasts) / len(lasts):.1f} | "
-                    f"{sum(avgs) / len(avgs):.1f} |")
+                    f"{sum(avgs) / len(avgs):.1f} | {sum(forgetting) / len(forgetting):.1f} |")
     return "\n".join(rows)
 
 

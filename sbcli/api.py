@@ -198,7 +198,8 @@ def _announce_plan(on_progress: ProgressFn | None, state: LearnerState, sizes: l
     """Tell a progress callback that has ``on_plan`` the planned epochs of the steps still to run (for ETAs)."""
     on_plan = getattr(on_progress, "on_plan", None)
     if on_plan is not None and distributed.is_main_process():
-        planned = sequence_epochs(state.method, state.method_config, state.train_config["epochs"], sizes, state.steps)
+        planned = sequence_epochs(state.method, state.method_config, state.train_config["epochs"], sizes, state.steps,
+                                  int(state.train_config.get("balance_epochs", 0)))
         on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})  # task number -> epochs
 
 

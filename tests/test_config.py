@@ -47,9 +47,9 @@ def test_engine_settings_from_the_command_line_reach_the_train_config():
     given = cli_given(source="demo", weight_decay=1e-3, nesterov=False, momentum=0.5, milestones="0.5,0.75",
                       lr_decay=0.2, drop_last=False, threads=1, eval_batch_size=64)
     _, run, _ = build_options(given)
-    assert run.train == TrainConfig(epochs=4, batch_size=64, lr=0.1, momentum=0.5, nesterov=False, weight_decay=1e-3,
+    assert run.train == TrainConfig(epochs=8, batch_size=64, lr=0.1, momentum=0.5, nesterov=False, weight_decay=1e-3,
                                     milestones=(0.5, 0.75), lr_decay=0.2, drop_last=False, threads=1,
-                                    eval_batch_size=64, warmup_epochs=1.0, zero_init_residual=False)
+                                    eval_batch_size=64, warmup_epochs=1.0, zero_init_residual=False, balance_epochs=2)
 
 
 def test_method_settings_from_the_command_line_reach_the_method_config():

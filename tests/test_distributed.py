@@ -158,7 +158,7 @@ def test_torchrun_train_writes_a_learner_that_continues_in_one_process(color_dat
     assert "history.csv" in names and sorted(names - {"history.csv", "accuracy.png"}) == [".sbcli.lock", "learner.json", "steps"]  # rank 0's results
     learner = Learner.load(out)
     assert learner.state.format_version == FORMAT_VERSION and learner.state.steps == 2
-    assert [p["name"] for p in learner.state.history[1]["phases"]] == ["A", "B", "C"]
+    assert [p["name"] for p in learner.state.history[1]["phases"]] == ["A", "B", "C", "balance"]  # the default balancing, under DDP
     assert len(learner.memory) == 8
     step = api.add_task(out, color_data["task2_train"], color_data["task2_test"], device="cpu", epochs=1)
     assert step.step == 3 and step.num_classes == 4

@@ -86,7 +86,8 @@ def test_progress_is_one_line_per_epoch_when_stderr_is_not_a_terminal(grown_run)
     epochs = [LINE.match(line) for line in lines if line.startswith("step ") and " · phase " in line]
     assert epochs and all(epochs), lines
     phases = [(m[1], m[3]) for m in epochs]
-    assert phases == [("1", "base"), ("2", "A"), ("2", "B"), ("2", "C")]  # 1 epoch each, S&B's three phases at step 2
+    # 1 epoch each, S&B's three phases at step 2, then the default balancing's 2 epochs
+    assert phases == [("1", "base"), ("2", "A"), ("2", "B"), ("2", "C"), ("2", "balance"), ("2", "balance")]
     assert any(line.startswith("step 1 done: 1 classes, accuracy") for line in lines)
     json.loads(grown_run["train"].stdout)  # stdout is the result alone
 
@@ -217,8 +218,12 @@ def test_tensorboard_log_holds_the_learners_history(grown_run):
     assert [v for _, v in accuracy] == pytest.approx([h["metrics"]["overall"] for h in steps], rel=1e-6)
     losses = [e.value for e in events.Scalars("epoch/loss")]
     assert len(losses) == sum(p["epochs"] for h in steps for p in h["phases"])
-    assert losses == pytest.approx([p["final_loss"] for h in steps for p in h["phases"]], rel=1e-6, abs=1e-7)
-    assert [e.value for e in events.Scalars("epoch/lr")] == pytest.approx([0.1] * len(losses))  # 1 epoch: no decay
+    phases = [p for h in steps for p in h["phases"]]
+    ends = [sum(p["epochs"] for p in phases[: i + 1]) - 1 for i in range(len(phases))]  # each phase's last epoch
+    assert [losses[i] for i in ends] == pytest.approx([p["final_loss"] for p in phases], rel=1e-6, abs=1e-7)
+    # 1 epoch a phase: no decay; the default balancing after step 2 (2 epochs) starts at its own lr, 0.01
+    expected_lr = [lr for p in phases for lr in ([0.01, 0.001] if p["name"] == "balance" else [0.1] * p["epochs"])]
+    assert [e.value for e in events.Scalars("epoch/lr")] == pytest.approx(expected_lr)
     assert [e.step for e in events.Scalars("epoch/loss")] == list(range(1, len(losses) + 1))  # add-task goes on counting
     assert any(tag.startswith("options") for tag in events.Tags()["tensors"])
 
