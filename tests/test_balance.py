@@ -119,3 +119,11 @@ def test_bic_drops_the_default_balancing_and_refuses_an_asked_one(tmp_path: Path
     assert run.train.balance_epochs == 0
     with pytest.raises(ConfigError, match="--balance-epochs does not go with --inference bic"):
         runs.build_options(given | {"balance_epochs": 2}, train_cmd.defaults_for(None))
+
+
+def test_the_plan_counts_the_balancing_epochs_of_every_later_step():
+    from sbcli.plan import sequence_epochs
+
+    assert sequence_epochs("std", {"inference": "wa"}, 3, [2, 2, 2], balance=2) == [3, 5, 5]
+    assert sequence_epochs("std", {"inference": "bic"}, 3, [2, 2, 2], balance=2) == [3, 3, 3]
+    assert sequence_epochs("std", {"inference": "wa"}, 3, [2, 2, 2]) == [3, 3, 3]
