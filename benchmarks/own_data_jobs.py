@@ -97,8 +97,11 @@ DRY = Sizes(retain_epochs=1, retain_tasks=3, warmup_epochs=1, warmup_phases="1,1
 
 
 def train(folder: Path, out: Path, *options: str) -> list[str]:
+    """An `sb train` line; balancing only where ``options`` ask for it, as when these runs were measured
+    (before ``--balance-epochs 2`` became the own-data default)."""
+    balance = [] if "--balance-epochs" in options else ["--balance-epochs", "0"]
     return ["train", str(folder / "train"), "--test", str(folder / "test"), "--out", str(out), "--json", "--quiet",
-            "--device", "auto", *options]
+            "--device", "auto", *options, *balance]
 
 
 def jobs(f: Folders, runs: Path, s: Sizes = Sizes()) -> list[Job]:
