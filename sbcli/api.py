@@ -258,6 +258,7 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     if warmup_epochs is not None and warmup_epochs < 0:
         raise ConfigError(f"--warmup-epochs {warmup_epochs} is negative; give 0 (no warm-up) or more.")
     growing.check_rehearsal(learner, learner_dir, opts.no_rehearsal)
+    growing.set_balance(learner, opts.balance_epochs)  # checked before any data is read; saved with the step
     spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=learner.state.image_size,
                         data_root=None, download=False)
     if spec["kind"] != "folder":

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sbcli.errors import LearnerError
+from sbcli.errors import ConfigError, LearnerError
 from sbcli.learner import Learner
 from sbcli.memory import class_quotas
 
@@ -26,6 +26,19 @@ class AddTaskOptions:
     data_roots: list[Path] = field(default_factory=list)  # where moved test sets of earlier tasks now are
     test_sample: bool = True  # carry a sample of the new classes' test images
     no_rehearsal: bool = False  # grow without exemplars of the old classes (a learner pulled without memory)
+    balance_epochs: int | None = None  # class-balanced fine-tuning after this step and later ones (recorded); None: as recorded
+
+
+def set_balance(learner: Learner, epochs: int | None) -> None:
+    """`sb add-task --balance-epochs E`: record E for this step and later ones; refused below 0 and under BiC."""
+    if epochs is None:
+        return
+    if epochs < 0:
+        raise ConfigError(f"--balance-epochs {epochs} is negative; give 0 (no balancing) or more.")
+    if epochs and learner.state.method_config.get("inference") == "bic":
+        raise ConfigError("--balance-epochs does not go with this learner's --inference bic (its bias layer already "
+                          "corrects the new classes' bias); drop it.")
+    learner.state.train_config["balance_epochs"] = epochs
 
 
 def check_rehearsal(learner: Learner, where: Path, no_rehearsal: bool) -> None:

@@ -127,3 +127,26 @@ def test_the_plan_counts_the_balancing_epochs_of_every_later_step():
     assert sequence_epochs("std", {"inference": "wa"}, 3, [2, 2, 2], balance=2) == [3, 5, 5]
     assert sequence_epochs("std", {"inference": "bic"}, 3, [2, 2, 2], balance=2) == [3, 3, 3]
     assert sequence_epochs("std", {"inference": "wa"}, 3, [2, 2, 2]) == [3, 3, 3]
+
+
+def test_add_task_can_turn_balancing_on_for_a_learner_that_had_none(tmp_path: Path, color_data):
+    from typer.testing import CliRunner
+
+    from sbcli.cli.app import app
+
+    cfg = TrainConfig(epochs=1, batch_size=16, balance_epochs=0)
+    run = api.RunOptions(method="std", width=0.125, train=cfg, memory=16, device="cpu")
+    out = tmp_path / "l"
+    api.train(api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]), tasks=1),
+              run, out)
+    before = (out / "learner.json").read_bytes()
+    refused = CliRunner().invoke(app, ["add-task", str(out), str(color_data["task2_train"]), "--test",
+                                       str(color_data["task2_test"]), "--balance-epochs", "-1", "--quiet"])
+    assert refused.exit_code != 0 and "--balance-epochs -1 is negative" in refused.output
+    assert (out / "learner.json").read_bytes() == before  # refused before any work
+    done = CliRunner().invoke(app, ["add-task", str(out), str(color_data["task2_train"]), "--test",
+                                    str(color_data["task2_test"]), "--balance-epochs", "1", "--device", "cpu", "--quiet"])
+    assert done.exit_code == 0, done.output
+    learner = json.loads((out / "learner.json").read_text())
+    assert learner["train_config"]["balance_epochs"] == 1
+    assert [p["name"] for p in learner["history"][-1]["phases"]] == ["std", "balance"]

@@ -9,6 +9,7 @@ import typer
 
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import (
+    BalanceEpochsOpt,
     DeviceOpt,
     EpochsOpt,
     JsonOpt,
@@ -42,6 +43,7 @@ def add_task(
     no_rehearsal: Annotated[bool, typer.Option("--no-rehearsal", help="Grow a learner that holds no exemplars of its classes (pushed without --with-memory) by distillation alone.")] = False,
     keep: KeepOpt = None,
     warmup_epochs: WarmupOpt = None,
+    balance_epochs: BalanceEpochsOpt = None,
     device: DeviceOpt = "auto",
     log: LogOpt = None,
     quiet: QuietOpt = False,
@@ -67,7 +69,8 @@ def add_task(
             reporter.open_logs = lambda: loggers.open_logs(log, learner, log_options, before)
         reporter.note(f"Adding the classes of {folder} to {learner}")
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
-                                     test_sample=not no_test_sample, no_rehearsal=no_rehearsal)
+                                     test_sample=not no_test_sample, no_rehearsal=no_rehearsal,
+                                     balance_epochs=balance_epochs)
         step = api.add_task(learner, folder, test, device=device, keep=keep, options=options,
                             warmup_epochs=warmup_epochs, on_progress=reporter)
         reporter.step(step)
