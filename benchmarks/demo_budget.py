@@ -15,7 +15,6 @@ numbers change with the thread count (docs/benchmarks.md, "The demo's budget").
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -40,11 +39,9 @@ def run(out: Path, name: str, seed: int, options: str, threads: int) -> None:
 
 
 def history(learner: Path) -> list[dict]:
-    state = json.loads((learner / "learner.json").read_text())
-    files = state.get("files", {})
-    if "state" in files:  # format 2: the current step's state
-        state = json.loads((learner / files["state"]).read_text())
-    return state["history"]
+    from sbcli.learner import read_state
+
+    return read_state(learner).history
 
 
 def report(out: Path, names: list[str], seeds: list[int]) -> str:

@@ -15,16 +15,19 @@ DATA_NAME = "tiny-imagenet-100-32px"
 TRAVEL_LIMIT_MIB = 64
 
 
+def unzip(archive: Path, dest: Path) -> Path:
+    """Unpack a class-per-folder archive under ``dest`` once (a READY file marks it done); its top folder."""
+    with zipfile.ZipFile(archive) as zf:
+        top = dest / zf.namelist()[0].split("/")[0]
+        if not (top / "READY").is_file():
+            zf.extractall(dest)
+            (top / "READY").write_text("ok\n")
+    return top
+
+
 def unpack(archive: Path, dest: Path) -> tuple[Path, Path]:
     """Unzip the class-per-folder archive once; returns its ``train`` and ``test`` folders."""
-    root = dest / DATA_NAME
-    if not (root / "READY").is_file():
-        with zipfile.ZipFile(archive) as zf:
-            prefix = zf.namelist()[0].split("/")[0]
-            zf.extractall(dest)
-        if prefix != DATA_NAME:
-            (dest / prefix).rename(root)
-        (root / "READY").write_text("ok\n")
+    root = unzip(archive, dest)
     return root / "train", root / "test"
 
 

@@ -23,25 +23,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "tests")]
+from gpu_data import unzip  # noqa: E402
 from own_data_jobs import DRY, Folders, Job, Sizes, jobs  # noqa: E402
 
 TINY_ZIP, CIFAR_ZIP = "tiny-imagenet-100-32px.zip", "cifar10-500.zip"
-
-
-def unzip(archive: Path, dest: Path) -> Path:
-    """Unpack once; the archive's top folder (its train/ and test/ trees)."""
-    with zipfile.ZipFile(archive) as zf:
-        top = dest / zf.namelist()[0].split("/")[0]
-        if not (top / "READY").is_file():
-            zf.extractall(dest)
-            (top / "READY").write_text("ok\n")
-    return top
 
 
 def subset(src: Path, dest: Path, classes: int, per_class: int | None) -> Path:

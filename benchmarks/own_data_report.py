@@ -91,7 +91,7 @@ def main() -> None:
         print(table([{"variant": v, **summary(rs)} for v, rs in variants.items()]))
         longest = max(len(rs[0]["steps"]) for rs in variants.values())
         if longest > 1:
-            print(f"\nPer step, mean over seeds: accuracy (old / new)\n")
+            print("\nPer step, mean over seeds: accuracy (old / new)\n")
             print("| variant | " + " | ".join(f"step {i + 1}" for i in range(longest)) + " |")
             print("|---|" + "---|" * longest)
             for v, rs in variants.items():

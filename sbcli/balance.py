@@ -22,6 +22,16 @@ from sbcli.methods.common import ce, zero_head_bias
 from sbcli.nets.resnet import IncrementalResNet
 
 
+BIC_REFUSAL = ("--balance-epochs does not go with --inference bic (its bias layer already corrects the new classes' "
+               "bias); drop one of them.")
+
+
+def applies(inference: str | None) -> bool:
+    """Balancing runs under every inference rule but BiC's, whose bias layer is fit on the network as the
+    step leaves it: balancing after it would undo what the layer measured."""
+    return inference != "bic"
+
+
 def balance_phase(epochs: int, lr: float, hold_bias_at_zero: bool) -> Phase:
     """The phase: plain cross-entropy over every seen class, its own learning rate."""
     hooks = (zero_head_bias,) if hold_bias_at_zero else ()

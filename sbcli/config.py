@@ -174,13 +174,13 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
 
 
 def _balance_with_bic(o: dict, given: dict) -> None:
-    """BiC fits its bias layer on the network a step ends with; balancing after it would undo what the
-    layer measured. The default balancing is dropped under ``--inference bic``; asked for, it is refused."""
-    if o.get("inference") != "bic" or not o.get("balance_epochs"):
+    """No balancing under BiC (:func:`sbcli.balance.applies`): the default is dropped, an asked one refused."""
+    from sbcli import balance
+
+    if balance.applies(o.get("inference")) or not o.get("balance_epochs"):
         return
     if given.get("balance_epochs"):
-        raise ConfigError("--balance-epochs does not go with --inference bic (its bias layer already corrects the "
-                          "new classes' bias); drop one of them.")
+        raise ConfigError(balance.BIC_REFUSAL)
     o["balance_epochs"] = 0
 
 

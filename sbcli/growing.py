@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sbcli import balance
 from sbcli.errors import ConfigError, LearnerError
 from sbcli.learner import Learner
 from sbcli.memory import class_quotas
@@ -35,9 +36,8 @@ def set_balance(learner: Learner, epochs: int | None) -> None:
         return
     if epochs < 0:
         raise ConfigError(f"--balance-epochs {epochs} is negative; give 0 (no balancing) or more.")
-    if epochs and learner.state.method_config.get("inference") == "bic":
-        raise ConfigError("--balance-epochs does not go with this learner's --inference bic (its bias layer already "
-                          "corrects the new classes' bias); drop it.")
+    if epochs and not balance.applies(learner.state.method_config.get("inference")):
+        raise ConfigError(balance.BIC_REFUSAL)
     learner.state.train_config["balance_epochs"] = epochs
 
 

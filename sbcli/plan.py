@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from sbcli.balance import applies
 from sbcli.nets.partition import split_fraction
 
 
@@ -20,8 +21,11 @@ def step_epochs(method: str, options: dict, epochs: int, step: int, num_old: int
     """Planned epochs of step ``step`` (0-based) that grows ``num_old`` classes to ``num_total``."""
     if step == 0:
         return epochs
-    if balance and options.get("inference") != "bic":
-        return step_epochs(method, options, epochs, step, num_old, num_total) + balance
+    return _method_epochs(method, options, epochs, num_old, num_total) + (balance if applies(options.get("inference")) else 0)
+
+
+def _method_epochs(method: str, options: dict, epochs: int, num_old: int, num_total: int) -> int:
+    """The epochs of a later step's own phases."""
     if method == "sb":
         c = _or(options.get("epochs_c"), epochs)
         bf = split_fraction(options.get("rho") or 1.0, num_old, num_total)

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sbcli import selection
-from sbcli.balance import balanced_finetune
+from sbcli.balance import applies, balanced_finetune
 from sbcli.data.device import DeviceData
 from sbcli.data.imageset import ImageSet
 from sbcli.engine import Engine
@@ -109,7 +109,7 @@ def _balance(learner: Learner, engine: Engine, step: int, inference: str, result
     """
     tc = learner.state.train_config
     epochs = int(tc.get("balance_epochs", 0))
-    if step == 0 or epochs <= 0 or len(learner.memory) == 0 or inference == "bic":
+    if step == 0 or epochs <= 0 or len(learner.memory) == 0 or not applies(inference):
         return False
     engine.validator = None  # the held-out images picked the method's epochs; this phase keeps its last
     result.record["before_balance"] = evaluate_learner(learner, engine, test).to_json()

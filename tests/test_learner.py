@@ -10,8 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from sbcli import api
-from sbcli.engine import TrainConfig
 from sbcli.errors import LearnerError
 from sbcli.learner import Learner, kept_steps, read_state
 from sbcli.store.layout import FORMAT_VERSION
@@ -38,13 +36,19 @@ def fake_step(learner: Learner, value: float) -> None:
         next(iter(learner.model.parameters())).view(-1)[0] = value
 
 
-@pytest.fixture(scope="module")
-def learner_dir(color_data, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("learners") / "colors"
-    run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
-    seq = api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]), image_size=16, tasks=1)
-    api.train(seq, run, out)
-    return out
+@pytest.fixture
+def learner_dir(one_task_learner) -> Path:
+    return one_task_learner
+
+
+def three_steps(source: Path, target: Path) -> Learner:
+    """``source``'s learner saved at ``target``, then two more steps marked 2.0 and 3.0; the last one."""
+    learner = Learner.load(source)
+    learner.save(target)
+    for value in (2.0, 3.0):
+        fake_step(learner, value)
+        learner.save(target)
+    return learner
 
 
 def test_save_load_round_trip(learner_dir, tmp_path):
@@ -90,11 +94,7 @@ def test_files_and_folders_follow_the_umask(learner_dir, tmp_path):
 
 def test_every_step_is_kept_and_readable_until_keep_limits_them(learner_dir, tmp_path):
     target = tmp_path / "l"
-    learner = Learner.load(learner_dir)
-    learner.save(target)
-    for value in (2.0, 3.0):
-        fake_step(learner, value)
-        learner.save(target)
+    learner = three_steps(learner_dir, target)
     assert kept_steps(target) == [1, 2, 3]
     assert Learner.load(target, step=2).state.steps == 2
     assert next(iter(Learner.load(target, step=2).model.parameters())).view(-1)[0] == 2.0

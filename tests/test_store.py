@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_learner import ZOO_V1, fake_step, tree
+from test_learner import ZOO_V1, fake_step, three_steps, tree
 
 from sbcli import api
 from sbcli.engine import TrainConfig
@@ -47,13 +47,9 @@ def marker(learner: Learner) -> float:
     return float(next(iter(learner.model.parameters())).detach().view(-1)[0])
 
 
-@pytest.fixture(scope="module")
-def base(color_data, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("store") / "base"
-    run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
-    seq = api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]), image_size=16, tasks=1)
-    api.train(seq, run, out)
-    return out
+@pytest.fixture
+def base(one_task_learner) -> Path:
+    return one_task_learner
 
 
 def two_steps(base: Path, target: Path) -> Learner:
@@ -160,11 +156,7 @@ def test_the_lock_of_a_killed_writer_is_taken_over(base, tmp_path):
 
 def test_rollback_makes_a_kept_step_current_and_the_next_save_replaces_later_steps(base, tmp_path):
     target = tmp_path / "l"
-    learner = Learner.load(base)
-    learner.save(target)
-    for value in (2.0, 3.0):
-        fake_step(learner, value)
-        learner.save(target)
+    three_steps(base, target)
     result = api.rollback(target, 2)
     assert result["step"] == 2 and result["previous"] == 3 and result["kept_steps"] == [1, 2, 3]
     now = Learner.load(target)
