@@ -67,6 +67,29 @@ def report(out: Path, names: list[str], seeds: list[int]) -> str:
     return "\n".join(rows)
 
 
+def details(out: Path, names: list[str], seeds: list[int]) -> str:
+    """One line a finished run: intra-old over steps 2..T, the accuracy before and after balancing per
+    step, and (with --val-fraction) how many phases kept an earlier epoch than their last."""
+    lines = []
+    for name in names:
+        for seed in seeds:
+            learner = out / f"{name}-s{seed}"
+            if not (out / f"{name}-s{seed}.seconds").is_file():
+                continue
+            h = history(learner)
+            intra = [x["metrics"]["intra_old"] for x in h[1:]]
+            balance = [f"{x['record']['before_balance']['overall']:.2f} -> {x['metrics']['overall']:.2f}"
+                       for x in h if "before_balance" in x.get("record", {})]
+            picked = [(p["selected_epoch"], p["epochs"]) for x in h for p in x["phases"] if "selected_epoch" in p]
+            line = f"{name}-s{seed}: intra-old {min(intra):.1f}-{max(intra):.1f}"
+            if balance:
+                line += "; before -> after balancing " + ", ".join(balance)
+            if picked:
+                line += f"; an earlier epoch kept in {sum(e < n for e, n in picked)} of {len(picked)} phases"
+            lines.append(line)
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -74,6 +97,7 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--report-only", action="store_true")
+    parser.add_argument("--details", action="store_true", help="also one line a run (intra-old, balancing, selection)")
     args = parser.parse_args()
     variants = dict(v.split("=", 1) for v in args.variants)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -82,6 +106,8 @@ def main() -> None:
             for name, options in variants.items():
                 run(args.out, name, seed, options, args.threads)
     print(report(args.out, list(variants), args.seeds))
+    if args.details:
+        print(details(args.out, list(variants), args.seeds))
 
 
 if __name__ == "__main__":

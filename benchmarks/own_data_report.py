@@ -78,9 +78,28 @@ def per_step(runs: list[dict]) -> str:
     return " | ".join(cells)
 
 
+def per_seed(runs: list[dict]) -> list[dict]:
+    """One row a run: the first step and its last phase's loss, avg 2..T, the last step's intra-old and
+    intra-new, the balancing phase's last loss at the last step, and the phases' images per second."""
+    rows = []
+    for r in sorted(runs, key=lambda r: (r.get("variant") or "", r.get("seed") or 0)):
+        first, last = r["steps"][0], r["steps"][-1]
+        later = [s["overall"] for s in r["steps"][1:]]
+        balance = [p["final_loss"] for p in last["phases"] if p["name"] == "balance"]
+        rates = [p["images_per_s"] for s in r["steps"] for p in s["phases"] if p.get("images_per_s")]
+        rows.append({"run": r["name"], "first": f"{first['overall']:.1f}",
+                     "first loss": f"{first['phases'][-1]['final_loss']:.3f}",
+                     "avg 2..T": f"{sum(later) / len(later):.2f}" if later else "–",
+                     "last intra-old / intra-new": f"{cell([last.get('intra_old')])} / {cell([last.get('intra_new')])}",
+                     "last balance loss": f"{balance[0]:.2f}" if balance else "–",
+                     "img/s (phases)": f"{min(rates):,.0f}-{max(rates):,.0f}" if rates else "–"})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("results", type=Path, nargs="+")
+    parser.add_argument("--per-seed", action="store_true", help="also one row a run")
     args = parser.parse_args()
     runs = complete(load(args.results))
     groups: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
@@ -96,6 +115,9 @@ def main() -> None:
             print("|---|" + "---|" * longest)
             for v, rs in variants.items():
                 print(f"| {v} | {per_step(rs)} |")
+        if args.per_seed:
+            print("\nPer run\n")
+            print(table(per_seed([r for rs in variants.values() for r in rs])))
 
 
 if __name__ == "__main__":

@@ -30,9 +30,10 @@ def test_the_dry_run_pushes_a_pretrained_backbone_and_a_run_starts_from_it(tmp_p
     assert pretrained["source"] == "hub" and pretrained["repo"] == "sbcli-bench/tiny-imagenet-100-resnet18"
     assert len(runs["cifar-pretrained-s0"]["steps"]) == 5
     assert [p["name"] for p in runs["retain-sb-balance-s0"]["steps"][1]["phases"]] == ["A", "B", "C", "balance"]
-    report = subprocess.run([sys.executable, str(BENCHMARKS / "own_data_report.py"), str(out / "results.jsonl")],
+    report = subprocess.run([sys.executable, str(BENCHMARKS / "own_data_report.py"), "--per-seed", str(out / "results.jsonl")],
                             capture_output=True, text=True, timeout=60)
     assert report.returncode == 0 and "### cifar" in report.stdout and "| pretrained | 0 |" in report.stdout
+    assert "| cifar-pretrained-s0 |" in report.stdout  # --per-seed: one row a run
 
 
 def test_the_pool_skips_what_depends_on_a_failure_and_what_the_budget_cannot_hold(tmp_path: Path):
