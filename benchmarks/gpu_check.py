@@ -1,7 +1,7 @@
-"""One command for a lent GPU machine: environment, ``pytest -m gpu``, the engine benchmark, a profile, a real run.
+"""One command for a machine with a GPU: environment, ``pytest -m gpu``, the engine benchmark, a profile, a real run.
 
-Run it through ``benchmarks/gpu_check.sh`` (which installs carried wheels, if any, and keeps a
-log); docs/performance.md ("On a GPU") gives the exact device call. Steps, each recorded in
+Run it through ``benchmarks/gpu_check.sh`` (which installs the wheels in ``.whl/``, if any, and
+keeps a log); docs/performance.md ("On a GPU") gives the command. Steps, each recorded in
 ``results.json`` and ``results.md`` under ``--out`` as soon as it ends (a run stopped at its time
 limit keeps what it finished):
 
@@ -17,7 +17,7 @@ limit keeps what it finished):
    ``compare`` (default) trains S&B + WA, STD + WA and, if it fits, the equal-compute control, with
    the epochs that fit the time left; ``sb`` trains S&B + WA alone; ``none`` skips it.
 
-``--dry`` runs the same steps at tiny sizes on whatever device there is (the CPU here), on a
+``--dry`` runs the same steps at tiny sizes on whatever device there is (the CPU without a GPU), on a
 generated archive of the same layout: tests/test_gpu_check.py runs it.
 """
 
@@ -53,7 +53,7 @@ class CheckConfig:
     out: Path
     data: Path
     work: Path
-    budget_s: float = 540.0  # the whole check; keep it under the device call's timeout_s
+    budget_s: float = 540.0  # the whole check, seconds; keep it under any time limit the machine has
     dry: bool = False
     skip: tuple[str, ...] = ()
     bench_seconds: float = 3.0
@@ -312,7 +312,7 @@ def sequence(check: Check) -> dict:
     cfg = check.cfg
     archive = write_tiny_archive(cfg.work / "tiny.zip") if cfg.dry else cfg.data
     if not archive.is_file():
-        return {"skipped": f"{archive} is missing (copy ../shared/data/{DATA_NAME}.zip there before the call)"}
+        return {"skipped": f"{archive} is missing (copy {DATA_NAME}.zip from the data folder there first)"}
     train, test = unpack(archive, cfg.work / "data")
     budget = check.left() - 20
     if budget < (30 if cfg.dry else 120):
@@ -376,7 +376,7 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
     p.add_argument("--flops", action="store_true",
                    help="print the FLOPs per image of the benchmark's training steps (CPU, a second) and exit")
     p.add_argument("--travel-size", action="store_true",
-                   help="run here before the device call: print what it would send (MiB, of 64) and exit")
+                   help="before copying the checkout to a GPU machine: print what the copy weighs (MiB, of 64) and exit")
     a = p.parse_args(argv)
     skip = tuple(s for s in a.skip.split(",") if s)
     unknown = set(skip) - set(STEPS)
@@ -393,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(step_flops(1.0, 32, 100)))  # the benchmark's network: ResNet-18, 32 px, 100 classes
         return
     if "--travel-size" in (sys.argv[1:] if argv is None else argv):
-        size = travel_size(REPO, [".gpu-data", ".whl"])  # run here, before the device call
+        size = travel_size(REPO, [".gpu-data", ".whl"])  # before copying the checkout to the GPU machine
         print(json.dumps(size))
         sys.exit(0 if size["fits"] else 1)
     cfg = parse(argv)

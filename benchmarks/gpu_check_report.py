@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-TARGET_IMG_S = 40_000.0  # issue 10: with a teacher, on one H100/H200
+TARGET_IMG_S = 40_000.0  # with a teacher, on one H100/H200
 TARGET_X_REF = 10.0
 
 

@@ -1,9 +1,9 @@
-"""Issue 15's measurements in one command: many small `sb` runs side by side on one GPU.
+"""The own-data measurements in one command: many small `sb` runs side by side on one GPU.
 
-    bash benchmarks/own_data_gpu.sh --budget-s 450        # on a lent GPU machine (docs/benchmarks.md)
-    PYTHONPATH=. python benchmarks/own_data_gpu.py --dry   # the same flow, tiny, on this CPU
+    bash benchmarks/own_data_gpu.sh --budget-s 450        # on a machine with a GPU (docs/benchmarks.md)
+    PYTHONPATH=. python benchmarks/own_data_gpu.py --dry   # the same flow, tiny, on the CPU
 
-The data travel in ``.gpu-data/``: the 32 px Tiny-ImageNet-100 archive and CIFAR-10 at 500 images a
+The data are read from ``.gpu-data/`` in the checkout: the 32 px Tiny-ImageNet-100 archive and CIFAR-10 at 500 images a
 class (``gpu_data.write_subset``). The runs are benchmarks/own_data_jobs.py's, started most important
 first, ``--workers`` at a time; a local Hub server (tests/fake_hub.py) takes the pretrained
 backbone's push and serves it to ``--pretrained``. No run starts when less than ``--min-start-s`` of

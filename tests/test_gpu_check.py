@@ -2,7 +2,7 @@
 
 The dry run goes through every step the GPU machine will run (environment, ``pytest -m gpu``, the
 engine benchmark, the profile, the three-row comparison with its CPU evaluation) and must leave
-what the device tool can bring back: at most 8 plainly named files. The planning (epochs that fit
+a small results folder: at most 8 plainly named files, easy to copy off the GPU machine. The planning (epochs that fit
 a budget, which steps split) and the tables are checked on their own.
 """
 
