@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "tests")]
 from gpu_data import unzip  # noqa: E402
+from gpu_env import environment  # noqa: E402
 from own_data_jobs import DRY, Folders, Job, Sizes, jobs  # noqa: E402
 
 TINY_ZIP, CIFAR_ZIP = "tiny-imagenet-100-32px.zip", "cifar10-500.zip"
@@ -177,22 +178,6 @@ class Pool:
                 return
             self.start_more()
             time.sleep(0.5)
-
-
-def environment() -> dict:
-    import torch
-
-    env = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-           "cuda_available": torch.cuda.is_available(), "cpus": os.cpu_count()}
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        import huggingface_hub
-
-        env["huggingface_hub"] = huggingface_hub.__version__
-    except ImportError as err:
-        env["huggingface_hub"] = f"missing: {err}"
-    return env
 
 
 def main() -> None:
