@@ -14,7 +14,10 @@ limit keeps what it finished):
    the reference).
 4. ``profile`` (when the engine misses its target, or ``--profile yes``): torch.profiler over one
    epoch of a teacher-guided phase: the top operators by device time and how busy the GPU was.
-5. ``sequence``: the real 10-task run on the 32 px Tiny-ImageNet-100 (benchmarks/paper_compare.py):
+5. ``ddp``: ``torchrun --nproc-per-node N -m sbcli train`` over every GPU there (NCCL; N = 1 is still
+   a real process group), then ``sb add-task`` of the same learner in one process
+   (benchmarks/gpu_ddp.py).
+6. ``sequence``: the real 10-task run on the 32 px Tiny-ImageNet-100 (benchmarks/paper_compare.py):
    ``compare`` (default) trains S&B + WA, STD + WA and, if it fits, the equal-compute control, with
    the epochs that fit the time left; ``sb`` trains S&B + WA alone; ``none`` skips it.
 
@@ -280,6 +283,22 @@ def gpu_busy_s(prof) -> float | None:
 # ---------------------------------------------------------------------------------------------
 
 
+def ddp(check: Check) -> dict:
+    """torchrun over every GPU (NCCL), then one process goes on (benchmarks/gpu_ddp.py); gloo on the CPU when dry."""
+    import torch
+    from gpu_data import DATA_NAME, unpack, write_tiny_archive
+    from gpu_ddp import ddp_check
+
+    cfg = check.cfg
+    archive = write_tiny_archive(cfg.work / "tiny.zip") if cfg.dry else cfg.data
+    if not archive.is_file():
+        return {"skipped": f"{archive} is missing (copy {DATA_NAME}.zip from the data folder there first)"}
+    train, test = unpack(archive, cfg.work / "data")
+    cuda = torch.cuda.is_available() and not cfg.dry
+    nproc, device = (torch.cuda.device_count(), "cuda") if cuda else (1, "cpu")
+    return ddp_check(run_logged, cfg.work, train, test, nproc, device, timeout=min(240.0, max(60.0, check.left() - 60)))
+
+
 def sequence(check: Check) -> dict:
     import paper_compare as pc
     from gpu_data import DATA_NAME, unpack, write_tiny_archive
@@ -301,7 +320,7 @@ def sequence(check: Check) -> dict:
     return pc.run_compare(compare, cfg.work / "runs", prefix=None, on_report=lambda rep: check.record("sequence", rep))
 
 
-STEPS = ("env", "tests", "bench", "bench512", "compile", "profile", "sequence")
+STEPS = ("env", "tests", "bench", "bench512", "compile", "profile", "ddp", "sequence")
 
 
 def run(cfg: CheckConfig) -> dict:
@@ -311,6 +330,7 @@ def run(cfg: CheckConfig) -> dict:
     actions = {"env": environment, "tests": lambda: gpu_tests(check), "bench": lambda: engine_bench(check),
                "bench512": lambda: engine_bench(check, batch=512),
                "compile": lambda: engine_bench(check, compiled=True), "profile": lambda: profile(check),
+               "ddp": lambda: ddp(check),
                "sequence": lambda: sequence(check)}
     for step in STEPS:
         off = (step == "sequence" and cfg.sequence == "none") or (step == "compile" and not cfg.bench_compile)

@@ -36,6 +36,7 @@ def markdown(r: dict) -> str:
                   "| op | total ms | self ms | calls |", "|---|---:|---:|---:|"]
         lines += [f"| {e['op']} | {e['total_ms']} | {e['self_ms']} | {e['calls']} |" for e in p["top"]]
         lines.append("")
+    lines += ddp_markdown(r.get("ddp"))
     s = r.get("sequence")
     if s and "rows" in s:
         from compare_report import report_markdown
@@ -70,3 +71,17 @@ def bench_markdown(b: dict | None, title: str) -> list[str]:
     return lines + ["", f"With a teacher: {b['with_teacher_img_s']:,.0f} img/s{without_text}; {verdict} the targets (>= "
                     f"{TARGET_IMG_S:,.0f} img/s with a teacher, >= {TARGET_NO_TEACHER_IMG_S:,.0f} without, >= "
                     f"{TARGET_X_REF:.0f}x the reference). Paper CIFAR-100 10-task schedule at these rates: {hours}.", ""]
+
+
+def ddp_markdown(d: dict | None) -> list[str]:
+    if not d:
+        return []
+    if "skipped" in d or "error" in d:
+        return ["## DDP", "", str(d.get("skipped") or d.get("error")), ""]
+    verdict = "passed" if d["passed"] else "FAILED"
+    lines = ["## DDP (torchrun, then one process)", "",
+             f"{verdict}: torchrun --nproc-per-node {d['nproc']} on {d['device']} exit {d['torchrun_exit']} "
+             f"({d['torchrun_s']} s), rank 0 alone printed: {d['rank0_alone_printed']}, processes in step 2's phases: "
+             f"{d.get('processes_step2')}; sb add-task in one process exit {d.get('add_task_exit')}, steps after it: "
+             f"{d.get('steps_after_add_task')}.", ""]
+    return lines + (["```", d["tail"], "```", ""] if d.get("tail") else [])
