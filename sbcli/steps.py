@@ -10,13 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sbcli import selection
-from sbcli.balance import applies, balanced_finetune
+from sbcli.balance import balanced_finetune
 from sbcli.data.device import DeviceData
 from sbcli.data.imageset import ImageSet
 from sbcli.engine import Engine
 from sbcli.inference import outside_network, refresh_state, scores
 from sbcli.learner import Learner
 from sbcli.methods import METHODS, TaskContext, TaskResult, config_from_json
+from sbcli.methods.base import balance_epochs
 from sbcli.methods.common import frozen_copy
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
@@ -109,7 +110,10 @@ def _balance(learner: Learner, engine: Engine, step: int, inference: str, result
     """
     tc = learner.state.train_config
     epochs = int(tc.get("balance_epochs", 0))
-    if step == 0 or epochs <= 0 or len(learner.memory) == 0 or not applies(inference):
+    if step == 0 or len(learner.memory) == 0:
+        return False
+    epochs = balance_epochs(learner.state.method, learner.state.method_config, epochs, asked=False)
+    if epochs <= 0:
         return False
     engine.validator = None  # the held-out images picked the method's epochs; this phase keeps its last
     result.record["before_balance"] = evaluate_learner(learner, engine, test).to_json()
