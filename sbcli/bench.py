@@ -289,7 +289,7 @@ def collect(plan: BenchPlan, out: Path, kind: str) -> dict:
             directory = Cell(name, tasks).directory(out)
             if steps_done(directory) >= tasks:
                 state = read_state(directory)
-                row["cells"][str(tasks)] = {**cell_summary(state.history), "rho": state.method_config.get("rho")}
+                row["cells"][str(tasks)] = {**cell_summary(state.history), "rho": getattr(state.method_config, "rho", None)}
         rows.append(row)
     return {"dataset": kind, "task_counts": list(plan.task_counts), "budget": plan.budget(), "methods": rows,
             "paper": paper_numbers(kind, plan.methods, plan.task_counts)}

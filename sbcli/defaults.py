@@ -153,3 +153,14 @@ def statement(row: Default, command: Command, show_value: Callable[[Any], str] =
 def describe(help_text: str, name: str, command: Command) -> str:
     """``help_text`` followed by the default of ``name`` in ``command``, as the table says."""
     return f"{help_text.rstrip('.')} (default: {statement(DEFAULTS[name], command)})."
+
+
+def markdown() -> str:
+    """The table as docs/cli.md shows it: one row per setting, one column per source and `sb bench`."""
+    lines = ["| setting | folder | demo | paper benchmark | `sb bench` |", "|---|---|---|---|---|"]
+    for name, row in DEFAULTS.items():
+        cells = [row.resolve("train", kind) for kind in ("folder", "demo", "paper")]
+        bench = statement(BENCH_TASKS if name == "tasks" else row, "bench")
+        words = [row.text if row.text is not None and v == row.value else show(v) for v in cells]
+        lines.append(f"| `--{name.replace('_', '-')}` | " + " | ".join(words) + f" | {bench} |")
+    return "\n".join(lines)

@@ -9,6 +9,7 @@ it, and the terminal says what became of them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,8 +37,8 @@ def set_balance(learner: Learner, epochs: int | None) -> None:
         return
     if epochs < 0:
         raise ConfigError(f"--balance-epochs {epochs} is negative; give 0 (no balancing) or more.")
-    learner.state.train_config["balance_epochs"] = balance_epochs(learner.state.method, learner.state.method_config,
-                                                                  epochs, asked=True)
+    epochs = balance_epochs(learner.state.method, learner.state.method_config, epochs, asked=True)
+    learner.state.train_config = dataclasses.replace(learner.state.train_config, balance_epochs=epochs)
 
 
 def check_rehearsal(learner: Learner, where: Path, no_rehearsal: bool) -> None:

@@ -10,21 +10,27 @@ planned only makes the estimate grow while it runs; what did run is in each step
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
+from typing import Any
 
 from sbcli.methods import METHODS, build_config
 
 
-def step_epochs(method: str, options: dict, epochs: int, step: int, num_old: int, num_total: int,
+def step_epochs(method: str, options: dict | Any, epochs: int, step: int, num_old: int, num_total: int,
                 balance: int = 0) -> int:
-    """Planned epochs of step ``step`` (0-based) that grows ``num_old`` classes to ``num_total``."""
+    """Planned epochs of step ``step`` (0-based) that grows ``num_old`` classes to ``num_total``.
+
+    ``options``: the method's Config, or its options by name.
+    """
     if step == 0:
         return epochs
-    spec, cfg = METHODS.get(method), build_config(method, options)
+    spec = METHODS.get(method)
+    cfg = options if dataclasses.is_dataclass(options) else build_config(method, options)
     return spec.plan(cfg, epochs, num_old, num_total) + (balance if spec.balances(cfg) else 0)
 
 
-def sequence_epochs(method: str, options: dict, epochs: int, sizes: Sequence[int], first_step: int = 0,
+def sequence_epochs(method: str, options: dict | Any, epochs: int, sizes: Sequence[int], first_step: int = 0,
                     balance: int = 0) -> list[int]:
     """Planned epochs of steps ``first_step..`` of a sequence whose tasks have ``sizes`` classes."""
     return [step_epochs(method, options, epochs, step, sum(sizes[:step]), sum(sizes[: step + 1]), balance)

@@ -126,3 +126,17 @@ def test_the_methods_are_read_without_torch():
     code = ("import sys; import sbcli.methods, sbcli.methods.options, sbcli.defaults; "
             "sbcli.methods.options.method_options(); assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_command_reference_shows_the_table_and_the_method_options_as_generated():
+    from pathlib import Path
+
+    import sbcli.defaults
+    import sbcli.methods.options
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text(encoding="utf-8")
+    for start, end, generated in (("<!-- defaults:", "<!-- end of defaults -->", sbcli.defaults.markdown()),
+                                  ("<!-- method options:", "<!-- end of method options -->",
+                                   sbcli.methods.options.markdown())):
+        shown = text[text.index(start):text.index(end)].split("\n", 1)[1].strip()
+        assert shown == generated, f"docs/cli.md is out of date; paste:\n{generated}"

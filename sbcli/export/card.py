@@ -13,6 +13,7 @@ preprocessing read from the ONNX metadata (the ``preprocess`` key).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable
@@ -163,8 +164,8 @@ def settings_block(state: LearnerState, inference: str) -> str:
         f"- network: {state.arch}, width x{state.width}, input {state.image_size}x{state.image_size} RGB",
         *([f"- pretrained backbone: `{json.dumps(state.provenance['pretrained'])}`"] if "pretrained" in state.provenance else []),
         f"- normalisation: mean {norm['mean']}, std {norm['std']}",
-        f"- method hyperparameters: `{json.dumps(state.method_config)}`",
-        f"- training: `{json.dumps(state.train_config)}`",
+        f"- method hyperparameters: `{json.dumps(dataclasses.asdict(state.method_config))}`",
+        f"- training: `{json.dumps(dataclasses.asdict(state.train_config))}`",
         f"- exemplar memory: budget {state.memory['budget']}, selection {state.memory['selection']}",
         f"- provenance: `{json.dumps(state.provenance)}`",
     ])

@@ -145,23 +145,17 @@ def build_config(name: str, options: dict[str, Any]) -> Any:
     return spec.config(**given)
 
 
-def balance_epochs(name: str, options: dict[str, Any], epochs: int, asked: bool) -> int:
-    """The class-balanced fine-tuning epochs a learner of method ``name`` with ``options`` runs: ``epochs``,
-    or 0 where its inference rule takes none (a default dropped; an asked number refused).
+def balance_epochs(name: str, options: Any, epochs: int, asked: bool) -> int:
+    """The class-balanced fine-tuning epochs a learner of method ``name`` with ``options`` (its Config, or its
+    options by name) runs: ``epochs``, or 0 where its inference rule takes none (a default dropped; an asked
+    number refused).
 
     Raises:
         ConfigError: ``asked`` for a positive number under a rule that takes none.
     """
-    if not epochs or METHODS.get(name).balances(build_config(name, options)):
+    cfg = options if dataclasses.is_dataclass(options) else build_config(name, options)
+    if not epochs or METHODS.get(name).balances(cfg):
         return epochs
     if asked:
         raise ConfigError(BALANCE_REFUSAL)
     return 0
-
-
-def config_from_json(name: str, data: dict[str, Any]) -> Any:
-    """Rebuild a stored method Config (tuples come back from JSON as lists)."""
-    spec = METHODS.get(name)
-    types = {f.name: f.type for f in dataclasses.fields(spec.config)}
-    fixed = {k: tuple(v) if isinstance(v, list) and "tuple" in str(types.get(k, "")) else v for k, v in data.items()}
-    return spec.config(**fixed)

@@ -139,3 +139,13 @@ def split_together(name: str, value: Any) -> dict[str, int]:
         raise ConfigError(f"--{name.replace('_', '-')} takes {len(fields)} whole numbers separated by commas, "
                           f"e.g. {example}.")
     return dict(zip(fields, map(int, parts), strict=True))
+
+
+def markdown() -> str:
+    """The method options as docs/cli.md lists them: option, methods, help, default."""
+    lines = ["| option | methods | what it does | default |", "|---|---|---|---|"]
+    for o in method_options():
+        flag = o.flags[0].split("/")[0] + ("/--no-" + o.flags[0].split("/--no-")[1] if "/" in o.flags[0] else "")
+        help_text = o.help.split(": ", 1)[1] if o.help.split(": ", 1)[0] == ", ".join(o.defaults) else o.help
+        lines.append(f"| `{flag}` | {', '.join(o.defaults)} | {help_text} | {default_statement(o)} |")
+    return "\n".join(lines)
