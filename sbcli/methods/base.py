@@ -96,6 +96,8 @@ class MethodSpec:
     summary: str
     inferences: tuple[str, ...] = ("none",)
     plan: Plan = one_phase
+    title: str | None = None  # how a model card names it (None: its name)
+    hub_tag: str | None = None  # its tag on the Hub (None: sbcli-NAME)
 
     def balances(self, cfg: Any) -> bool:
         """Whether class-balanced fine-tuning may follow a later step under ``cfg``'s inference rule."""
@@ -106,11 +108,12 @@ METHODS: Registry[MethodSpec] = Registry("method")
 
 
 def register_method(name: str, config: type, summary: str, inferences: tuple[str, ...] = ("none",),
-                    plan: Plan = one_phase) -> Callable:
-    """Decorator: register ``learn_task`` under ``name`` with its Config dataclass, inference rules and plan."""
+                    plan: Plan = one_phase, title: str | None = None, hub_tag: str | None = None) -> Callable:
+    """Decorator: register ``learn_task`` under ``name`` with its Config dataclass, inference rules and plan
+    (and how a model card names it)."""
 
     def add(fn: Callable[[TaskContext, Any], TaskResult]) -> Callable[[TaskContext, Any], TaskResult]:
-        METHODS.register(name)(MethodSpec(name, config, fn, summary, inferences, plan))
+        METHODS.register(name)(MethodSpec(name, config, fn, summary, inferences, plan, title, hub_tag))
         return fn
 
     return add

@@ -19,7 +19,8 @@ class Config:
             raise ConfigError("finetune uses the plain head; drop --inference or use --method std for wa/bic/icarl.")
 
 
-@register_method("finetune", Config, "CE on new data plus exemplars (lower bound)", ("none",))
+@register_method("finetune", Config, "CE on new data plus exemplars (lower bound)", ("none",),
+                 title="fine-tuning on new data plus exemplars (the lower bound)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine import Phase
     from sbcli.methods.common import ce, learn_first_task

@@ -102,7 +102,8 @@ def _epochs(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-@register_method("sb", Config, "Split-and-Bridge: split, separated learning, bridge, WA", INFERENCES, plan)
+@register_method("sb", Config, "Split-and-Bridge: split, separated learning, bridge, WA", INFERENCES, plan,
+                 title="Split-and-Bridge (Kim & Choi, AAAI 2021)", hub_tag="split-and-bridge")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine import Phase
     from sbcli.methods.common import learn_first_task, weight_align

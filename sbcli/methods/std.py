@@ -50,7 +50,7 @@ def icarl_loss(out: StepOutputs) -> torch.Tensor:
 
 
 @register_method("std", Config, "lambda*KD + (1-lambda)*CE, with WA (default), BiC, iCaRL (NME) or no inference rule",
-                 INFERENCES)
+                 INFERENCES, title="STD: lambda * KD + (1 - lambda) * CE (the standard knowledge-distillation baseline)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.methods.common import learn_first_task
 
