@@ -135,7 +135,7 @@ PretrainedHashOpt = Annotated[Optional[str], typer.Option("--pretrained-sha256",
 
 # A learner keeps its settings: in `sb add-task` these default to what the learner recorded.
 LEARNER_KEEPS = "the learner's own"
-EpochsOpt = Annotated[Optional[int], typer.Option("--epochs", help=f"Epochs of every phase of this step (default: {LEARNER_KEEPS}).", rich_help_panel=OPT, show_default=False)]
+EpochsOpt = Annotated[Optional[int], typer.Option("--epochs", help=f"Epochs of every phase, from this step on (default: {LEARNER_KEEPS}).", rich_help_panel=OPT, show_default=False)]
 WarmupOpt = Annotated[Optional[float], typer.Option("--warmup-epochs", help=f"Linear learning-rate warm-up at the start of every phase, in epochs, from this step on (default: {LEARNER_KEEPS}).", rich_help_panel=OPT, show_default=False)]
 BalanceEpochsOpt = Annotated[Optional[int], typer.Option("--balance-epochs", help=f"After this and later steps, fine-tune this many epochs on the class-balanced exemplar memory; 0 turns it off (default: {LEARNER_KEEPS}).", rich_help_panel=OPT, show_default=False)]
 DeviceOpt = Annotated[str, typer.Option("--device", help="auto, cpu or cuda.", rich_help_panel=OPT)]

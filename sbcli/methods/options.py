@@ -94,14 +94,12 @@ def method_options() -> list[MethodOption]:
     options: dict[str, MethodOption] = {}
     together: dict[str, list[tuple[str, dataclasses.Field, Any]]] = {}
     for name, owners in _fields().items():
-        meta = owners[0][1].metadata
-        if "help" not in meta:
-            continue
+        meta = owners[0][1].metadata  # a field declared without option(): offered all the same, its help empty
         if meta.get("together"):
             together.setdefault(meta["together"], []).extend(owners)
             continue
         kind = _base_type(owners[0][2])
-        helps = {m: f.metadata["help"] for m, f, _ in owners}
+        helps = {m: f.metadata.get("help", "") for m, f, _ in owners}
         if name == "inference":  # each method names the rules it takes
             helps = {m: f"{text}; " + "; ".join(f"{', '.join(ms)} take {_or(rules)}" for rules, ms in
                                                    _grouped({m: ", ".join(METHODS.get(m).inferences) for m in helps}))
