@@ -2,14 +2,17 @@
 
 Both faces use it: `sb train` and `sb bench` pass the options a user typed, a notebook calls
 :func:`sbcli.api.options` (or builds the dataclasses itself), so the two cannot disagree.
-Precedence: options given, then the recipe, then the source's defaults, then the dataclasses'
-own defaults. ``None`` means "not given" everywhere.
+Precedence: options given, then the recipe, then the source's defaults (the one table of
+:mod:`sbcli.defaults`, whose ``value`` column the dataclasses take as their own defaults).
+``None`` means "not given" everywhere.
 
 Every setting is a field of one dataclass, and is routed there by its name: the sequence
 (:class:`SequenceOptions`), the run (:class:`RunOptions`), the engine
-(:class:`sbcli.engine.TrainConfig`) or a method's ``Config``. Adding a setting is one field plus
-one CLI option named after it (``--weight-decay`` for ``weight_decay``); recipes can set it at
-once, and the learner records it (``train_config`` / ``method_config`` in ``learner.json``).
+(:class:`sbcli.engine.TrainConfig`) or a method's ``Config``. An engine setting is one field, one
+row of the table and one CLI option named after it (``--weight-decay`` for ``weight_decay``,
+:data:`sbcli.cli._options.RUN_OPTIONS`); a method setting is one field of its ``Config``, declared
+with its help (:func:`sbcli.methods.base.option`), and `sb train` offers it. Recipes can set
+either at once, and the learner records it (``train_config`` / ``method_config`` in ``learner.json``).
 
 This module imports torch (through the engine): the CLI imports it inside command bodies.
 """
@@ -28,8 +31,6 @@ from sbcli.errors import ConfigError
 from sbcli.methods import METHODS
 from sbcli.methods.base import balance_epochs
 from sbcli.methods.options import split_together, together_fields
-
-# The defaults of every setting, per source, live in one table (sbcli.defaults), which the help reads too.
 
 
 def defaults_for(source: str | None) -> dict:

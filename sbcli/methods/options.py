@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from sbcli.defaults import show
 from sbcli.errors import ConfigError
 from sbcli.methods.base import METHODS
 
@@ -40,13 +41,6 @@ def _base_type(hint: Any) -> Any:
     """``float | None`` -> ``float``."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if args else hint
-
-
-def show(value: Any) -> str:
-    """A method default as the help writes it (on/off, 1, 0.1)."""
-    from sbcli.defaults import show as show_value
-
-    return show_value(value)
 
 
 def _fields() -> dict[str, list[tuple[str, dataclasses.Field, Any]]]:
