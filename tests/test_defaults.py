@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import typer.main
@@ -52,8 +54,8 @@ def used(command: str, source: str | None) -> dict:
     given = {"source": source, "recipe": None}
     defaults = None if command == "train" else {k: v for k, v in bench_defaults(source).items() if k != "tasks"}
     seq, run, _ = build_options(given, defaults)
-    values = {**dataclasses.asdict(run.train), **{f.name: getattr(run, f.name) for f in dataclasses.fields(run)},
-              **dataclasses.asdict(seq)}
+    values = {**dataclasses.asdict(build_config(run.method, run.method_options)), **dataclasses.asdict(run.train),
+              **{f.name: getattr(run, f.name) for f in dataclasses.fields(run)}, **dataclasses.asdict(seq)}
     values["tasks"] = seq.tasks
     return values
 
@@ -129,8 +131,6 @@ def test_the_methods_are_read_without_torch():
 
 
 def test_the_command_reference_shows_the_table_and_the_method_options_as_generated():
-    from pathlib import Path
-
     import sbcli.defaults
     import sbcli.methods.options
 
@@ -140,3 +140,37 @@ def test_the_command_reference_shows_the_table_and_the_method_options_as_generat
                                    sbcli.methods.options.markdown())):
         shown = text[text.index(start):text.index(end)].split("\n", 1)[1].strip()
         assert shown == generated, f"docs/cli.md is out of date; paste:\n{generated}"
+
+
+NEW_METHOD = '''
+from dataclasses import dataclass
+
+from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+
+
+@dataclass(frozen=True)
+class Config:
+    inference: str = option("none", INFERENCE_HELP)
+    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero.")
+    shrink: float = option(0.5, "How much the new method shrinks.")
+
+
+def plan(cfg, epochs, num_old, num_total):
+    return 3 * epochs
+
+
+@register_method("newone", Config, "a method added in one file", ("none",), plan)
+def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
+    return TaskResult()
+'''
+
+
+def test_a_method_in_one_new_file_brings_its_options_plan_and_rules(tmp_path):
+    (tmp_path / "newone.py").write_text(NEW_METHOD, encoding="utf-8")
+    code = ("import sys, newone, typer.main; from sbcli.cli.app import app; from sbcli.plan import sequence_epochs; "
+            "p = {q.name: q for q in typer.main.get_command(app).commands['train'].params}; "
+            "print(p['shrink'].help); print(sequence_epochs('newone', {}, 2, [1, 1, 1])); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[1]}"})
+    assert out.stdout.split("\n")[:3] == ["newone: How much the new method shrinks (default: 0.5).", "[2, 6, 6]", "False"]
