@@ -6,7 +6,6 @@ import json
 import os
 import stat
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +53,7 @@ def make_learner(method: str = "std", tasks: tuple[int, ...] = (3, 2), exemplars
                             "intra_old": 45.0, "intra_new": 70.0}, "phases": [], "record": {}, "seconds": 1.0}
                for t in range(len(tasks))]
     state = LearnerState(arch="resnet18", width=0.125, image_size=size, normalization=NORM, method=method,
-                         method_config=asdict(build_config(method, {})), train_config=asdict(TrainConfig(epochs=1)),
+                         method_config=build_config(method, {}), train_config=TrainConfig(epochs=1),
                          memory={"budget": exemplars, "selection": "random", "seed": 0}, seed=0, class_names=names,
                          class_task=owner, tasks=[{"classes": [n for n, t in zip(names, owner, strict=True) if t == i],
                                                   "source": {"kind": "demo"}} for i in range(len(tasks))],

@@ -7,7 +7,6 @@ import math
 import os
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +33,7 @@ def make_learner(seed: int = 0) -> Learner:
     """Five classes in two tasks, random weights and BatchNorm statistics, a few exemplars."""
     torch.manual_seed(seed)
     state = LearnerState(arch="resnet18", width=0.125, image_size=SIZE, normalization={"mean": [0.5] * 3, "std": [0.25] * 3},
-                         method="std", method_config=asdict(build_config("std", {})), train_config=asdict(TrainConfig()),
+                         method="std", method_config=build_config("std", {}), train_config=TrainConfig(),
                          memory={"budget": 10, "selection": "random", "seed": 0}, seed=0, class_names=list(NAMES),
                          class_task=[0, 0, 0, 1, 1],
                          tasks=[{"classes": NAMES[:3], "source": {"kind": "demo"}}, {"classes": NAMES[3:], "source": {"kind": "demo"}}],
