@@ -21,7 +21,7 @@ EPILOG = """Examples:
   sb export my-learner --step 2 -o step2.onnx --overwrite       # a kept earlier step
   sb export my-learner --half --opset 21 -o model-fp16.onnx     # fp16 weights and compute
 
-  sb export my-learner --format triton -o model_repository      # model_repository/my-learner/{config.pbtxt,labels.txt,1/model.onnx}
+  sb export my-learner --format triton -o model_repository      # model_repository/my-learner/{config.pbtxt,labels.txt,N/model.onnx}: one version per kept step
 
   sb export my-learner --to-hub user/my-learner                 # main and branch step-N
 
@@ -120,5 +120,6 @@ def _triton(learner: Path, out: Optional[Path], half: bool, opset: Optional[int]
         render.print_json(report)
         return
     render.OUT.print(parity_line(report["onnx"]["parity"]))
-    render.OUT.print(f"Wrote {report['model_dir']}: {', '.join(report['files'])} ({report['onnx']['num_classes']} classes, "
-                     f"dynamic batching); serve it with tritonserver --model-repository={repo}")
+    versions = ", ".join(map(str, report["versions"]))
+    render.OUT.print(f"Wrote {report['model_dir']}: {', '.join(report['files'])} (versions {versions}: the learner's kept "
+                     f"steps; {report['onnx']['num_classes']} classes at the latest, dynamic batching); serve it with tritonserver --model-repository={repo}")
