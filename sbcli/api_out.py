@@ -29,6 +29,20 @@ def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, half: 
     return write_onnx(Learner.load(learner_dir, "cpu", step), Path(out), cfg)
 
 
+def export_int8(learner_dir: Path, out: Path, *, min_agreement: float = 0.98, opset: int | None = None,
+                step: int | None = None, overwrite: bool = False) -> Any:
+    """Write the learner (at kept step ``step``) as a statically quantised int8 ONNX file (QDQ, per-channel
+    weights) calibrated on its own images; refused, nothing written, when its top-1 agrees with the float
+    model on less than ``min_agreement`` of the carried test sample. Returns an Int8Report."""
+    from sbcli.export.onnx import OnnxConfig
+    from sbcli.export.quantize import Int8Config
+    from sbcli.export.quantize import export_int8 as write_int8
+
+    cfg, onnx_cfg = Int8Config(min_agreement=min_agreement), OnnxConfig(opset=opset)  # checked before loading
+    check_output_file(Path(out), overwrite=overwrite)
+    return write_int8(Learner.load(learner_dir, "cpu", step), Path(out), cfg, onnx_cfg)
+
+
 def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half: bool = False,
                   opset: int | None = None, max_batch_size: int = 64, max_queue_delay_us: int = 1000) -> Any:
     """Write a Triton Inference Server model repository for the learner, one version per kept step (up
