@@ -13,6 +13,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -50,6 +51,16 @@ class ServeConfig:
     max_images: int = 64
     reload_interval_s: float = 2.0  # 0: never reload
     threads: int | None = None
+    cuda_graph: bool = False  # the GPU options (sbcli.serve.gpu)
+    trt_fp16: bool = False
+    trt_cache: str | None = None
+
+    def gpu(self) -> Any:
+        """The GPU options as :class:`sbcli.serve.gpu.GpuOptions` (None when all are off: the providers' defaults)."""
+        from sbcli.serve.gpu import GpuOptions
+
+        options = GpuOptions(self.cuda_graph, self.trt_fp16, self.trt_cache)
+        return None if options == GpuOptions() else options
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -86,7 +97,7 @@ class Server:
 
     def load(self) -> None:
         if self.loaded is None:
-            self.loaded = sources.load(self.source, self.cfg.provider, self.cfg.threads)
+            self.loaded = sources.load(self.source, self.cfg.provider, self.cfg.threads, gpu=self.cfg.gpu())
 
     async def watch(self) -> None:
         """Poll the source; load a changed model beside the old one and swap it in."""
@@ -99,7 +110,8 @@ class Server:
                 continue
             version = self.loaded.version + 1
             try:
-                new = await loop.run_in_executor(None, sources.load, self.source, self.cfg.provider, self.cfg.threads, version)
+                new = await loop.run_in_executor(None, functools.partial(sources.load, self.source, self.cfg.provider,
+                                                                         self.cfg.threads, version, gpu=self.cfg.gpu()))
             except SbcliError as err:
                 logger.warning("Kept model version %d: the changed %s did not load (%s)", self.loaded.version, self.source, err)
                 watcher.failed()

@@ -15,6 +15,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sbcli.errors import ConfigError
 from sbcli.serve.model import OnnxClassifier, is_learner, is_onnx, open_onnx
@@ -80,8 +81,8 @@ class Loaded:
     signature: Signature
 
 
-def load(source: Path, provider: str, threads: int | None = None, version: int = 1) -> Loaded:
-    """Open ``source`` (exporting a learner first) on ``provider``."""
+def load(source: Path, provider: str, threads: int | None = None, version: int = 1, gpu: Any = None) -> Loaded:
+    """Open ``source`` (exporting a learner first) on ``provider`` (``gpu``: its GPU options, :mod:`sbcli.serve.gpu`)."""
     check_source(source)
     sig = signature(source)
     if is_triton_model(source):
@@ -89,7 +90,7 @@ def load(source: Path, provider: str, threads: int | None = None, version: int =
         path = versions[max(versions)]
     else:
         path = learner_onnx(source) if source.is_dir() else source
-    return Loaded(open_onnx(path, provider, threads), version, sig)
+    return Loaded(open_onnx(path, provider, threads, gpu), version, sig)
 
 
 @dataclass

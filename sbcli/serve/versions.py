@@ -18,6 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -71,6 +72,7 @@ class Registry:
     source: Path
     provider: str = "auto"
     threads: int | None = None
+    gpu: Any = None  # sbcli.serve.gpu.GpuOptions
     versions: dict[int, OnnxClassifier] = field(default_factory=dict)
     failing: str | None = None
     synced: Loaded | None = None
@@ -118,13 +120,13 @@ class Registry:
                 elif number in self.versions:
                     out[number] = self.versions[number]
                 else:
-                    out[number] = open_onnx(step_onnx(self.source, number, files), self.provider, self.threads)
+                    out[number] = open_onnx(step_onnx(self.source, number, files), self.provider, self.threads, self.gpu)
             return out
         if is_triton_model(self.source):
             paths = triton_versions(self.source)
             top = max(paths)
             out = {n: self.versions[n] for n in paths if n in self.versions and n != top}
-            out.update({n: open_onnx(p, self.provider, self.threads) for n, p in paths.items() if n not in out and n != top})
+            out.update({n: open_onnx(p, self.provider, self.threads, self.gpu) for n, p in paths.items() if n not in out and n != top})
             out[top] = loaded.model
             return dict(sorted(out.items()))
         return {**self.versions, current: loaded.model}  # a file exported again from the same step replaces it
