@@ -58,7 +58,7 @@ def main() -> None:
         print(f"{'batch':>5}  {'float32 img/s':>13}  {'int8 img/s':>10}  {'int8 / float32':>14}")
         for batch in args.batches:
             images = np.random.default_rng(0).random((batch, 3, size, size), dtype=np.float32)
-            runs = {name: (lambda s=s: s.run([OUTPUT_NAME], {INPUT_NAME: images})) for name, s in sessions.items()}
+            runs = {name: (lambda s=s, x=images: s.run([OUTPUT_NAME], {INPUT_NAME: x})) for name, s in sessions.items()}
             ms = interleaved_ms(runs, args.warmup, args.repeats)
             rate = {name: 1000 * batch / t for name, t in ms.items()}
             print(f"{batch:>5}  {rate['float32']:>13.1f}  {rate['int8']:>10.1f}  {rate['int8'] / rate['float32']:>14.2f}")
