@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import threading
 import time
 import urllib.error
@@ -256,3 +257,51 @@ def test_not_ready_while_a_reload_fails(tmp_path: Path) -> None:
         while not client.is_server_ready():
             assert time.monotonic() < deadline + 3 * TIMEOUT, "the server did not recover"
             time.sleep(0.1)
+
+
+def test_a_triton_model_folder_serves_each_version(learner_dir: Path, tmp_path: Path) -> None:
+    from sbcli import api
+
+    report = api.export_triton(learner_dir, tmp_path / "repo")
+    assert report.versions == (1, 2)
+    with running(ServeConfig(str(report.model_dir), reload_interval_s=0)) as (url, _):
+        client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=TIMEOUT)
+        deadline = time.monotonic() + 3 * TIMEOUT
+        while not client.is_server_ready():
+            assert time.monotonic() < deadline, "the server did not become ready"
+            time.sleep(0.2)
+        assert client.get_model_metadata(NAME)["versions"] == ["1", "2"]
+        inp = httpclient.InferInput("image_bytes", [1], "BYTES")
+        inp.set_data_from_numpy(np.array([png(5)], dtype=object))
+        assert client.infer(NAME, [inp], model_version="1").as_numpy("logits").shape == (1, 3)
+        assert client.infer(NAME, [inp]).get_response()["model_version"] == "2"
+
+
+def test_serving_an_onnx_file_imports_no_torch(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from sbcli.export import onnx as onnx_export
+
+    model = tmp_path / "model.onnx"
+    onnx_export.export_onnx(make_learner("std"), model)
+    script = """
+import sys, time
+from starlette.testclient import TestClient
+from sbcli.serve.app import ServeConfig, Server, create_app
+server = Server(ServeConfig(sys.argv[1], reload_interval_s=0))
+with TestClient(create_app(server)) as client:
+    for _ in range(200):
+        if client.get("/v2/health/ready").status_code == 200:
+            break
+        time.sleep(0.05)
+    body = {"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 3, 16, 16], "data": [0.5] * 768}]}
+    assert client.post("/v2/models/model/infer", json=body).status_code == 200
+    assert client.get("/metrics").status_code == 200
+print("torch" in sys.modules)
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    res = subprocess.run([sys.executable, "-c", script, str(model)], check=False, capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "False"
