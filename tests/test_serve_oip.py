@@ -155,6 +155,7 @@ def test_protocol_errors_are_one_sentence(served) -> None:
     ok = {"name": "images", "datatype": "FP32", "shape": [1, 3, 16, 16], "data": [0.5] * 768}
     cases = [
         (b"{nope", {}, 400, "not valid JSON"),
+        (b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {}, 400, "not valid JSON"),  # nesting too deep
         (json.dumps({"inputs": []}).encode(), {}, 400, '"inputs"'),
         (json.dumps({"inputs": [{**ok, "shape": [1, 3, 8, 8], "data": [0.0] * 192}]}).encode(), {}, 400, "must have shape"),
         (json.dumps({"inputs": [{**ok, "data": [0.5] * 10}]}).encode(), {}, 400, "needs 768"),

@@ -103,9 +103,17 @@ def _b64(value: Any, name: str, index: int) -> bytes:
 
 
 def _flatten(data: Any) -> list[Any]:
-    if isinstance(data, list):
-        return [x for item in data for x in _flatten(item)]
-    return [data]
+    """The leaves of nested lists in row-major order (iterative: any nesting the JSON parser accepted)."""
+    out, stack = [], [iter([data])]
+    while stack:
+        item = next(stack[-1], stack)
+        if item is stack:
+            stack.pop()
+        elif isinstance(item, list):
+            stack.append(iter(item))
+        else:
+            out.append(item)
+    return out
 
 
 def _input(spec: Any, binary: memoryview, at: int) -> tuple[Tensor, int]:
