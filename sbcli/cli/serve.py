@@ -30,7 +30,7 @@ GET /metrics (Prometheus).
 
 @friendly_errors
 def serve(
-    model: Annotated[Path, typer.Argument(help="An .onnx file written by `sb export`, or a learner directory (exported to a cached ONNX file).", show_default=False)],
+    model: Annotated[Path, typer.Argument(help="An .onnx file written by `sb export`, a learner directory (each kept step exported to a cached ONNX file, one version each), or a Triton model folder from `sb export --format triton`.", show_default=False)],
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).", rich_help_panel=NET)] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.", rich_help_panel=NET)] = 8000,
     workers: Annotated[int, typer.Option("--workers", help="Server processes sharing the port, each with its own model.", rich_help_panel=NET)] = 1,
@@ -46,7 +46,7 @@ def serve(
     trt_cache: Annotated[Optional[Path], typer.Option("--trt-cache", help="Folder for TensorRT's engines and timing cache (default: tensorrt in the serve cache).", rich_help_panel=GPU, show_default=False)] = None,
     reload_interval: Annotated[float, typer.Option("--reload-interval", help="Seconds between checks for a changed model file or learner (0: never reload).", rich_help_panel=BATCH)] = 2.0,
 ) -> None:
-    """Serve a model over HTTP: /predict, /health, /metadata, with dynamic batching and reload."""
+    """Serve a model over HTTP: /predict, /health, /metadata, the Open Inference Protocol (KServe v2) and /metrics, with dynamic batching and reload."""
     from sbcli.cli import render
     from sbcli.serve.app import ServeConfig
     from sbcli.serve.server import Listen, prepare, run
