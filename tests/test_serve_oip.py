@@ -185,6 +185,9 @@ def test_metrics_parse_with_prometheus_client(served) -> None:
     inp = httpclient.InferInput("image_bytes", [2], "BYTES")
     inp.set_data_from_numpy(np.array([png(1), png(2)], dtype=object))
     client.infer(NAME, [inp])
+    raw = urllib.request.Request(f"{url}/predict", data=png(3), headers={"Content-Type": "image/png"})
+    with urllib.request.urlopen(raw, timeout=TIMEOUT) as res:
+        assert res.status == 200
     with urllib.request.urlopen(f"{url}/metrics", timeout=TIMEOUT) as res:
         assert res.headers["Content-Type"].startswith("text/plain")
         families = {f.name: f for f in text_string_to_metric_families(res.read().decode())}
@@ -193,6 +196,8 @@ def test_metrics_parse_with_prometheus_client(served) -> None:
     assert samples[("sbcli_request_failures_total", (("endpoint", "/v2/models/{name}"), ("status", "404")))] >= 1
     assert ("sbcli_request_failures_total", (("endpoint", "/v2/health/live"), ("status", "200"))) not in samples
     assert samples[("sbcli_images_decoded_total", (("endpoint", "/v2/models/{name}/infer"),))] >= 2
+    assert samples[("sbcli_images_decoded_total", (("endpoint", "/predict"),))] >= 1
+    assert samples[("sbcli_requests_total", (("endpoint", "/predict"), ("status", "200")))] >= 1
     assert samples[("sbcli_batch_size_count", ())] >= 1 and samples[("sbcli_batch_size_sum", ())] >= 2
     assert samples[("sbcli_queue_seconds_count", ())] >= samples[("sbcli_compute_seconds_count", ())] >= 1
     assert samples[("sbcli_request_duration_seconds_count", (("endpoint", "/v2/models/{name}/infer"),))] >= 1
