@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from sbcli import __version__, distributed, evalsets, growing, preflight
-from sbcli.api_out import export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
+from sbcli.api_out import export_int8, export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
 from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization

@@ -1,5 +1,6 @@
-"""What ``sb serve`` serves, and its reload: an ``.onnx`` file, or a learner directory exported to
-a cached ONNX file (only that export imports torch).
+"""What ``sb serve`` serves, and its reload: an ``.onnx`` file, a Triton model folder written by
+``sb export --format triton`` (its latest numbered version), or a learner directory exported to a
+cached ONNX file (only that export imports torch).
 
 The watcher polls a signature (the file's, or the learner's ``learner.json``: its commit point):
 when it changed and stayed the same for one more poll (so a file still being written is not
@@ -14,6 +15,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sbcli.errors import ConfigError
 from sbcli.serve.model import OnnxClassifier, is_learner, is_onnx, open_onnx
@@ -22,9 +24,23 @@ logger = logging.getLogger(__name__)
 Signature = tuple[int, int, int] | None
 
 
+def triton_versions(folder: Path) -> dict[int, Path]:
+    """The numbered versions of a Triton model folder (``N/model.onnx`` beside ``config.pbtxt``)."""
+    if not (folder / "config.pbtxt").is_file():
+        return {}
+    return {int(d.name): d / "model.onnx" for d in folder.iterdir()
+            if d.name.isdigit() and int(d.name) > 0 and (d / "model.onnx").is_file()}
+
+
+def is_triton_model(path: Path) -> bool:
+    return path.is_dir() and bool(triton_versions(path))
+
+
 def signature(source: Path) -> Signature:
-    """(inode, size, mtime) of the ONNX file or of the learner's learner.json; None while absent."""
-    target = source / "learner.json" if source.is_dir() else source
+    """(inode, size, mtime) of the ONNX file, of a Triton folder's latest version or of the learner's
+    learner.json; None while absent."""
+    versions = triton_versions(source) if source.is_dir() else {}
+    target = versions[max(versions)] if versions else source / "learner.json" if source.is_dir() else source
     try:
         st = os.stat(target)
     except OSError:
@@ -51,8 +67,9 @@ def learner_onnx(learner_dir: Path) -> Path:
 
 def check_source(source: Path) -> None:
     """Raises ConfigError when ``source`` is neither an .onnx file nor a learner directory."""
-    if not (is_onnx(source) or is_learner(source)):
-        raise ConfigError(f"{source} is neither a learner directory (with learner.json) nor an .onnx file; give one of those.")
+    if not (is_onnx(source) or is_learner(source) or is_triton_model(source)):
+        raise ConfigError(f"{source} is neither a learner directory (with learner.json) nor an .onnx file (nor a Triton "
+                          "model folder from `sb export --format triton`); give one of those.")
 
 
 @dataclass
@@ -64,12 +81,16 @@ class Loaded:
     signature: Signature
 
 
-def load(source: Path, provider: str, threads: int | None = None, version: int = 1) -> Loaded:
-    """Open ``source`` (exporting a learner first) on ``provider``."""
+def load(source: Path, provider: str, threads: int | None = None, version: int = 1, gpu: Any = None) -> Loaded:
+    """Open ``source`` (exporting a learner first) on ``provider`` (``gpu``: its GPU options, :mod:`sbcli.serve.gpu`)."""
     check_source(source)
     sig = signature(source)
-    path = learner_onnx(source) if source.is_dir() else source
-    return Loaded(open_onnx(path, provider, threads), version, sig)
+    if is_triton_model(source):
+        versions = triton_versions(source)
+        path = versions[max(versions)]
+    else:
+        path = learner_onnx(source) if source.is_dir() else source
+    return Loaded(open_onnx(path, provider, threads, gpu), version, sig)
 
 
 @dataclass
