@@ -32,6 +32,7 @@ from starlette.routing import Route
 from sbcli.errors import SbcliError
 from sbcli.serve import source as sources
 from sbcli.serve.batching import BatchConfig, Batcher
+from sbcli.serve.http import HTTPError, read_body
 from sbcli.serve.predict import top_k as rank
 
 logger = logging.getLogger(__name__)
@@ -68,12 +69,6 @@ class ServeConfig:
     @classmethod
     def from_env(cls) -> ServeConfig:
         return cls(**json.loads(os.environ[CONFIG_ENV]))
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, sentence: str) -> None:
-        super().__init__(sentence)
-        self.status = status
 
 
 @dataclass
@@ -127,22 +122,6 @@ class Server:
                 "reloads": self.reloads, "batching": {**asdict(self.batcher.cfg), **self.batcher.stats.to_json()},
                 "limits": {"max_request_bytes": self.cfg.max_request_bytes, "max_images": self.cfg.max_images},
                 "top_k": self.cfg.top_k}
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) from its Content-Length or as soon as the stream passes ``limit``."""
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise HTTPError(400, "The Content-Length header is not a number.")
-        if int(length) > limit:
-            raise HTTPError(413, f"The request has {int(length)} bytes, more than the {limit} this server accepts; send fewer or smaller images.")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HTTPError(413, f"The request passed {limit} bytes, more than this server accepts; send fewer or smaller images.")
-    return bytes(body)
 
 
 def _b64(text: Any, index: int) -> bytes:

@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from sbcli.errors import SbcliError
 from sbcli.serve import oip_codec as codec
-from sbcli.serve.app import HTTPError, Server, read_body
+from sbcli.serve.http import HTTPError, read_body
 from sbcli.serve.metrics import Metrics
 from sbcli.serve.model import OnnxClassifier
 from sbcli.serve.predict import softmax
@@ -49,7 +49,7 @@ def _error(status: int, sentence: str) -> JSONResponse:
 class Protocol:
     """The v2 routes over one server, its versions and its metrics."""
 
-    server: Server
+    server: Any  # sbcli.serve.app.Server, which mounts this module (so not imported here)
     registry: Registry
     metrics: Metrics
 
@@ -220,7 +220,7 @@ class Mounted:
         return asyncio.get_running_loop().create_task(self.protocol.keep_synced(min(interval, 0.5)))
 
 
-def mount(server: Server) -> Mounted:
+def mount(server: Any) -> Mounted:
     """The protocol's routes and ``/metrics`` over ``server``; its batcher reports to the metrics."""
     cfg = server.cfg
     registry = Registry(server.source, cfg.provider, cfg.threads, cfg.gpu())

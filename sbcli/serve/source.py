@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.errors import ConfigError
+from sbcli.serve.cache import cache_dir
 from sbcli.serve.model import OnnxClassifier, is_learner, is_onnx, open_onnx
 
 logger = logging.getLogger(__name__)
@@ -46,12 +47,6 @@ def signature(source: Path) -> Signature:
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def cache_dir() -> Path:
-    """Where learner directories are exported for serving: $XDG_CACHE_HOME/sbcli/serve or ~/.cache/sbcli/serve."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sbcli" / "serve"
 
 
 def learner_onnx(learner_dir: Path) -> Path:

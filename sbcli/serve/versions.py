@@ -22,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from sbcli.serve.cache import cache_dir
 from sbcli.serve.model import OnnxClassifier, is_learner, open_onnx
-from sbcli.serve.source import Loaded, cache_dir, is_triton_model, triton_versions
+from sbcli.serve.source import Loaded, is_triton_model, triton_versions
 
 
 def model_name(source: Path) -> str:
