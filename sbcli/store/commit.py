@@ -27,6 +27,7 @@ from typing import Any
 
 from sbcli.errors import LearnerError
 from sbcli.store import legacy
+from sbcli.store.confine import check_confined
 from sbcli.store.integrity import HASHES_KEY, digest_bytes, records_for
 from sbcli.store.layout import (
     FORMAT_VERSION,
@@ -95,6 +96,7 @@ def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], ke
     step = len(state["history"])
     try:
         root.mkdir(parents=True, exist_ok=True)
+        check_confined(root)  # also where no learner.json is yet: leftovers are deleted below
         old = read_stored(root) if (root / STATE_FILE).is_file() else None
         remove_leftovers(root, old)
         legacy.remove_siblings(root)
@@ -233,6 +235,7 @@ def remove_unreferenced(root: Path) -> None:
 
 def _remove_steps(root: Path, referenced: set[str], point: str) -> None:
     steps = root / STEPS_DIR
+    check_confined(root)  # never delete through a link (a steps/ link could lead to the user's own folders)
     if not steps.is_dir():
         return
     used = {rel.split("/")[1] for rel in referenced if rel.startswith(STEPS_DIR + "/")}
