@@ -102,7 +102,7 @@ def test_a_step_copied_from_another_learner_is_refused(two_steps: Path, one_task
 
 @pytest.mark.parametrize(("name", "damage"), [
     ("model.safetensors", lambda p: flip_data_bit(p, 0.9)),
-    ("model.safetensors", lambda p: zero_tail(p)),
+    ("model.safetensors", zero_tail),
     ("model.safetensors", lambda p: p.write_bytes(p.read_bytes()[:-4])),
     ("memory.safetensors", lambda p: flip_data_bit(p, 0.5)),
     ("test-sample.safetensors", lambda p: flip_data_bit(p, 0.3)),

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sbcli.data.names import name_bytes
 from sbcli.errors import ConfigError, ExportError
 from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, current_umask, export_onnx
 from sbcli.learner import Learner
@@ -115,7 +116,7 @@ def export_triton(learner: Learner, repository: Path, onnx_cfg: OnnxConfig | Non
         os.chmod(work, 0o777 & ~current_umask())  # mkdtemp makes 0700; follow the umask like mkdir does
         (work / "1").mkdir()
         report = export_onnx(learner, work / "1" / MODEL_FILE, onnx_cfg)
-        (work / LABELS_FILE).write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
+        (work / LABELS_FILE).write_bytes(b"".join(name_bytes(n) + b"\n" for n in names))  # a name's bytes as on disk
         (work / CONFIG_FILE).write_text(config_text(name, learner.state.image_size, len(names), cfg), encoding="utf-8")
         os.rename(work, final)
     finally:
