@@ -283,6 +283,20 @@ def _tree(path: Path) -> dict[str, str]:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(m=structural)
 def test_structural_damage_is_refused_by_the_recorded_hashes_and_links_are_never_followed(pristine, other, m):
+    check_structural(pristine, other, m)
+
+
+FINITE = [("link", t) for t in ["steps", "step", "json", *sorted(STEP_KEYS)]] + [("swap-step",)] \
+    + [("swap-file", k) for k in sorted(STEP_KEYS)]
+
+
+@pytest.mark.parametrize("m", FINITE, ids=["-".join(m) for m in FINITE])
+def test_every_link_and_swap_is_refused(pristine, other, m):
+    """The structural cases with few variants, each once (hypothesis draws them unevenly)."""
+    check_structural(pristine, other, m)
+
+
+def check_structural(pristine: Path, other: Path, m: tuple) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         learner = Path(tmp) / "learner"
         shutil.copytree(pristine, learner)
