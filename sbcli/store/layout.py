@@ -1,8 +1,8 @@
-"""The learner directory's layout (format 2) and how to read what is committed in it.
+"""The learner directory's layout (format 3: format 2 plus the file hashes) and how to read what is committed in it.
 
 ```
 LEARNER/
-  learner.json                  the commit point: the current state, and the files of every kept step
+  learner.json                  the commit point: the current state, the files of every kept step, their hashes
   steps/0003/model.safetensors  per-step files, immutable once written
   steps/0003/memory.safetensors
   steps/0003/state.json         the state (learner.json without the storage keys) at that step
