@@ -104,3 +104,11 @@ def test_a_new_learner_never_deletes_through_a_leftover_steps_link(color_data, t
     refused(["train", str(color_data["task1_train"]), "--test", str(color_data["task1_test"]), "--out", str(out),
              "--epochs", "1", "--width", "0.125", "--image-size", "16", "--device", "cpu"], out, "symbolic link, steps")
     assert tree(victim) == before
+
+
+def test_a_link_named_like_an_interrupted_save_is_never_followed(learner: Path, tmp_path: Path) -> None:
+    victim = plant_victim(tmp_path / "victim")
+    (learner.parent / f".{learner.name}.tmp-123").symlink_to(victim, target_is_directory=True)
+    before = tree(victim)
+    Learner.load(learner).save(learner)  # a save removes what interrupted saves of sbcli 0.1 left beside it
+    assert tree(victim) == before and (learner.parent / f".{learner.name}.tmp-123").is_symlink()
