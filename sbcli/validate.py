@@ -37,6 +37,7 @@ from sbcli.validate_tensors import (  # noqa: F401  (the tensor checks live ther
     _found,
     check_memory_tensors,
     check_model_tensors,
+    parse_safetensors,
     read_safetensors,
 )
 
