@@ -37,6 +37,8 @@ def serve(
     max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="Longest wait for more images to fill a batch.", rich_help_panel=BATCH)] = 5.0,
     max_request_mb: Annotated[float, typer.Option("--max-request-mb", help="Larger requests are refused (413) before they are read whole.", rich_help_panel=BATCH)] = 16.0,
     max_images: Annotated[int, typer.Option("--max-images", help="Most images in one request.", rich_help_panel=BATCH)] = 64,
+    max_image_megapixels: Annotated[float, typer.Option("--max-image-megapixels", help="An image that would decode to more pixels is refused (413), read from its header before decoding; JPEGs decode at a reduced scale first, so only their reduced size counts.", rich_help_panel=BATCH)] = 40.0,
+    max_request_megapixels: Annotated[float, typer.Option("--max-request-megapixels", help="The most pixels one request may decode (413 beyond), and the most decoded at once by all requests together: it bounds the server's decoding memory (about 4 bytes a pixel).", rich_help_panel=BATCH)] = 120.0,
     reload_interval: Annotated[float, typer.Option("--reload-interval", help="Seconds between checks for a changed model file or learner (0: never reload).", rich_help_panel=BATCH)] = 2.0,
 ) -> None:
     """Serve a model over HTTP: /predict, /health, /metadata, with dynamic batching and reload."""
@@ -45,7 +47,8 @@ def serve(
     from sbcli.serve.server import Listen, prepare, run
 
     cfg = ServeConfig(str(model), provider, top_k, max_batch_size, max_wait_ms, int(max_request_mb * 2**20),
-                      max_images, reload_interval, threads)
+                      max_images, reload_interval, threads, max_image_pixels=round(max_image_megapixels * 1e6),
+                      max_request_pixels=round(max_request_megapixels * 1e6))
     listen = Listen(host, port, workers)
     server = prepare(cfg, listen)
     meta = server.metadata()

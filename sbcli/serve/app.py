@@ -28,8 +28,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from sbcli.errors import SbcliError
+from sbcli.serve import limits
 from sbcli.serve import source as sources
 from sbcli.serve.batching import BatchConfig, Batcher
+from sbcli.serve.limits import HTTPError, parse_json, read_body
 from sbcli.serve.predict import top_k as rank
 
 logger = logging.getLogger(__name__)
@@ -49,6 +51,12 @@ class ServeConfig:
     max_images: int = 64
     reload_interval_s: float = 2.0  # 0: never reload
     threads: int | None = None
+    max_image_pixels: int = limits.DEFAULT_MAX_IMAGE_PIXELS  # decoded pixels, checked from the header first
+    max_request_pixels: int = limits.DEFAULT_MAX_REQUEST_PIXELS  # also the most decoded at once, server-wide
+
+    @property
+    def request_limits(self) -> limits.RequestLimits:
+        return limits.RequestLimits(self.max_request_bytes, self.max_images, self.max_image_pixels, self.max_request_pixels)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -58,12 +66,6 @@ class ServeConfig:
         return cls(**json.loads(os.environ[CONFIG_ENV]))
 
 
-class HTTPError(Exception):
-    def __init__(self, status: int, sentence: str) -> None:
-        super().__init__(sentence)
-        self.status = status
-
-
 @dataclass
 class Server:
     """The state of one server process: the model served, the batcher, the reload watcher."""
@@ -71,11 +73,13 @@ class Server:
     cfg: ServeConfig
     loaded: sources.Loaded | None = None
     batcher: Batcher = field(init=False)
+    budget: limits.PixelBudget = field(init=False)
     reloads: int = 0
     started: float = field(default_factory=time.time)
 
     def __post_init__(self) -> None:
         self.batcher = Batcher(BatchConfig(self.cfg.max_batch_size, self.cfg.max_wait_ms))
+        self.budget = limits.PixelBudget(self.cfg.max_request_pixels)
 
     @property
     def source(self) -> Path:
@@ -109,24 +113,8 @@ class Server:
         assert self.loaded is not None
         return {**self.loaded.model.describe(), "source": str(self.source), "model_version": self.loaded.version,
                 "reloads": self.reloads, "batching": {**asdict(self.batcher.cfg), **self.batcher.stats.to_json()},
-                "limits": {"max_request_bytes": self.cfg.max_request_bytes, "max_images": self.cfg.max_images},
+                "limits": self.cfg.request_limits.to_json(),
                 "top_k": self.cfg.top_k}
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) from its Content-Length or as soon as the stream passes ``limit``."""
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise HTTPError(400, "The Content-Length header is not a number.")
-        if int(length) > limit:
-            raise HTTPError(413, f"The request has {int(length)} bytes, more than the {limit} this server accepts; send fewer or smaller images.")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HTTPError(413, f"The request passed {limit} bytes, more than this server accepts; send fewer or smaller images.")
-    return bytes(body)
 
 
 def _b64(text: Any, index: int) -> bytes:
@@ -169,10 +157,7 @@ async def _multipart(request: Request, body: bytes, max_images: int, max_bytes: 
 
 
 def _json_images(body: bytes) -> tuple[list[tuple[str, bytes]], dict]:
-    try:
-        data = json.loads(body)
-    except ValueError as err:
-        raise HTTPError(400, f"The JSON body is not valid JSON ({err}).") from err
+    data = parse_json(body)
     if not isinstance(data, dict) or not ({"images", "image"} & data.keys()):
         raise HTTPError(400, 'The JSON body needs "images": a list of base64 strings (or "image": one).')
     raw = data.get("images", [data.get("image")])
@@ -213,6 +198,7 @@ def _top_k(value: Any, default: int) -> int:
 
 def create_app(server: Server) -> Starlette:
     """The Starlette app over ``server`` (which loads its model at startup if not loaded yet)."""
+    limits.start_policy()
 
     async def predict(request: Request) -> JSONResponse:
         try:
@@ -222,12 +208,7 @@ def create_app(server: Server) -> Starlette:
             loaded = server.loaded  # one model for the whole request, even if a reload happens meanwhile
             assert loaded is not None
             model = loaded.model
-            loop = asyncio.get_running_loop()
-            try:
-                decoded = await asyncio.gather(*(loop.run_in_executor(None, model.preprocess.decode, data, name)
-                                                 for name, data in images))
-            except SbcliError as err:
-                raise HTTPError(400, str(err)) from err
+            decoded = await limits.decode_within(model.preprocess, images, server.cfg.request_limits, server.budget)
             batch = model.preprocess.to_input(list(decoded))
             scores = await asyncio.gather(*(server.batcher.submit(model, x) for x in batch))
         except HTTPError as err:
