@@ -3,8 +3,8 @@
 - ``live`` (stderr is a terminal): rich bars, one per phase (batches of every epoch, loss,
   images/s, precision) under two overall bars, the step and the whole sequence, each with an ETA
   from the epochs already run and the planned epochs still to come (:mod:`sbcli.plan`).
-- ``lines`` (logs, CI, pipes): one line per epoch (every ``every`` epochs and the last of each
-  phase) with the same numbers and both ETAs, and a line per finished step.
+- ``lines`` (logs, CI, pipes): one line per epoch (the first, every ``every`` epochs and the last
+  of each phase) with the same numbers and both ETAs, and a line per finished step.
 - ``quiet`` (``--quiet``): nothing.
 
 A :class:`Reporter` is the ``on_progress`` callback of :func:`sbcli.api.train` and friends. Its
@@ -14,6 +14,7 @@ A :class:`Reporter` is the ``on_progress`` callback of :func:`sbcli.api.train` a
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,8 @@ def choose_mode(quiet: bool, console: Console = ERR) -> str:
 def reporter(quiet: bool, every: int = 1, console: Console = ERR) -> Reporter:
     """The reporter for this terminal: see the module docstring."""
     mode = choose_mode(quiet, console)
+    # The data layer's progress lines (listing, decoding: sbcli.data.progress) follow --quiet too.
+    logging.getLogger("sbcli.progress").setLevel(logging.WARNING if mode == "quiet" else logging.NOTSET)
     kind = {"quiet": Reporter, "lines": LineReporter, "live": LiveReporter}[mode]
     return kind(console=console, every=every)
 
@@ -148,7 +151,7 @@ class LineReporter(Reporter):
 
     def show(self, event: Any) -> None:
         super().show(event)
-        if event.epoch % self.every and event.epoch != event.epochs:
+        if event.epoch % self.every and event.epoch not in (1, event.epochs):  # the first: the rate and ETA, early
             return
         step_eta, seq_eta = self.timeline.etas(event.task)
         self._print(f"{_where(event, self.timeline)} · epoch {event.epoch}/{event.epochs} · loss {event.loss:.4f} · "

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sbcli.data import pixels, walk
+from sbcli.data import pixels, progress, walk
 from sbcli.data.imageset import ImageSet
 from sbcli.data.rgb import IMAGE_EXTENSIONS
 from sbcli.errors import DataError
@@ -75,7 +75,8 @@ def _decode_chunk(
 
 
 def decode_many(
-    keys: Sequence[str], read: Callable[[str], bytes], describe: Callable[[str], str], image_size: int
+    keys: Sequence[str], read: Callable[[str], bytes], describe: Callable[[str], str], image_size: int,
+    doing: str = "Decoding images",
 ) -> np.ndarray:
     """Decode many images on a thread pool.
 
@@ -84,6 +85,7 @@ def decode_many(
         read: returns the encoded bytes of one key; called from worker threads.
         describe: names a key for error messages (e.g. its full path).
         image_size: the side of the square output.
+        doing: what the progress lines call this work.
 
     Returns:
         uint8 array [len(keys), 3, image_size, image_size], in the order of ``keys``.
@@ -95,12 +97,15 @@ def decode_many(
     chunks = [range(i, min(i + _DECODE_CHUNK, len(keys))) for i in range(0, len(keys), _DECODE_CHUNK)]
     with ThreadPoolExecutor(max_workers=_worker_count()) as pool:
         futures = [pool.submit(_decode_chunk, keys, chunk, read, describe, out) for chunk in chunks]
+        decoded = progress.Counter(doing, "images", len(keys))
         try:
-            for future in futures:
+            for future, chunk in zip(futures, chunks, strict=True):
                 future.result()
+                decoded.add(len(chunk))
         finally:
             for future in futures:  # after a failure, drop the work not yet started
                 future.cancel()
+    decoded.done()
     return out
 
 
