@@ -72,3 +72,22 @@ def test_walk_stats_one_stat_a_file_same_order_and_values(tmp_path: Path, monkey
     for path, st in pairs:
         assert (st.st_size, st.st_mtime_ns) == (real_stat(path).st_size, real_stat(path).st_mtime_ns)
     assert len(calls) <= 1  # the root only: DirEntry.stat does the rest, once a file
+
+
+def test_lines_mode_says_where_a_long_epoch_is(monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    pipe = Console(file=io.StringIO(), force_terminal=False, width=200)
+    lines = cli_progress.reporter(False, console=pipe)
+    assert isinstance(lines, cli_progress.LineReporter)
+    monkeypatch.setattr(lines, "within_epoch_s", 0.0)
+    for done in range(1, 5):
+        lines.on_batch(done, 10)
+    out = pipe.file.getvalue().splitlines()
+    assert len(out) == 3 and out[-1].startswith("batch 4/10 of the running epoch · ") and "the epoch ends in" in out[-1]
+    monkeypatch.setattr(lines, "within_epoch_s", 3600.0)
+    for done in range(1, 5):
+        lines.on_batch(done, 10)
+    assert len(pipe.file.getvalue().splitlines()) == 3  # a new epoch; nothing within the hour

@@ -147,7 +147,25 @@ class Reporter:
 
 
 class LineReporter(Reporter):
-    """One line per epoch (every ``every`` and the last of a phase), for logs and CI."""
+    """One line per epoch (the first, every ``every`` and the last of a phase), for logs and CI, and
+    within an epoch that runs long a line every :attr:`within_epoch_s` seconds."""
+
+    within_epoch_s = 60.0
+    _epoch_started = 0.0
+    _last_line = 0.0
+
+    def on_batch(self, done: int, total: int) -> None:
+        """A batch of the running epoch was launched: a line when the last one is a minute old."""
+        now = time.monotonic()
+        if done <= 1:
+            self._epoch_started = self._last_line = now
+            return
+        if now - self._last_line < self.within_epoch_s:
+            return
+        self._last_line = now
+        rate = (done - 1) / max(now - self._epoch_started, 1e-9)
+        self._print(f"batch {done:,}/{total:,} of the running epoch · {rate:.1f} batches/s · "
+                    f"the epoch ends in {clock((total - done) / rate)}")
 
     def show(self, event: Any) -> None:
         super().show(event)
