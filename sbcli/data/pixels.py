@@ -48,7 +48,7 @@ class ImageTooLargeError(DataError):
     def __init__(self, name: str, size: tuple[int, int] | None, limit: int) -> None:
         shown = f"{size[0]} x {size[1]} pixels ({size[0] * size[1]:,})" if size else "more pixels than Pillow allows"
         super().__init__(f"Image {name} would decode to {shown}, more than the {limit:,} pixels allowed per image; "
-                         "send a smaller image.")
+                         "use a smaller image.")
         self.size = size
         self.limit = limit
 
