@@ -118,4 +118,5 @@ def decode(data: bytes, width: int, height: int, *, draft: bool = True, filter: 
         rgb = image if image.mode == "RGB" else to_rgb(image)  # convert("RGB") of RGB would copy
         if rgb.size != (width, height):
             rgb = rgb.resize((width, height), FILTERS[filter])
-        return np.asarray(rgb).transpose(2, 0, 1)
+        # tobytes + frombuffer: half the time of np.asarray(rgb), which matters for many small images
+        return np.frombuffer(rgb.tobytes(), dtype=np.uint8).reshape(height, width, 3).transpose(2, 0, 1)
