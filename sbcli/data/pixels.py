@@ -46,9 +46,13 @@ class ImageTooLargeError(DataError):
     """An image whose decoded size passes the limit; refused before it is decoded."""
 
     def __init__(self, name: str, size: tuple[int, int] | None, limit: int) -> None:
-        shown = f"{size[0]} x {size[1]} pixels ({size[0] * size[1]:,})" if size else "more pixels than Pillow allows"
-        super().__init__(f"Image {name} would decode to {shown}, more than the {limit:,} pixels allowed per image; "
-                         "use a smaller image.")
+        if size:
+            sentence = (f"Image {name} would decode to {size[0]} x {size[1]} pixels ({size[0] * size[1]:,}), more than "
+                        f"the {limit:,} pixels allowed per image; use a smaller image.")
+        else:
+            sentence = (f"Image {name} has more pixels than Pillow's decompression-bomb threshold "
+                        f"({DEFAULT_MAX_PIXELS:,}); use a smaller image.")
+        super().__init__(sentence)
         self.size = size
         self.limit = limit
 
