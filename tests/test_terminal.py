@@ -142,7 +142,8 @@ def test_reporter_kinds_and_lines_output():
     with lines:
         feed(lines, {1: [("base", 3)]})
     out = pipe.file.getvalue().splitlines()
-    assert [line.split(" · ")[2] for line in out if "phase" in line] == ["epoch 2/3", "epoch 3/3"]  # every 2nd and the last
+    # the first (the rate and ETA, early), every 2nd and the last
+    assert [line.split(" · ")[2] for line in out if "phase" in line] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
     quiet = Console(file=io.StringIO(), force_terminal=True)
     with progress.reporter(True, console=quiet) as reporter:
         feed(reporter, {1: [("base", 2)]})

@@ -3,8 +3,8 @@
 - ``live`` (stderr is a terminal): rich bars, one per phase (batches of every epoch, loss,
   images/s, precision) under two overall bars, the step and the whole sequence, each with an ETA
   from the epochs already run and the planned epochs still to come (:mod:`sbcli.plan`).
-- ``lines`` (logs, CI, pipes): one line per epoch (every ``every`` epochs and the last of each
-  phase) with the same numbers and both ETAs, and a line per finished step.
+- ``lines`` (logs, CI, pipes): one line per epoch (the first, every ``every`` epochs and the last
+  of each phase) with the same numbers and both ETAs, and a line per finished step.
 - ``quiet`` (``--quiet``): nothing.
 
 A :class:`Reporter` is the ``on_progress`` callback of :func:`sbcli.api.train` and friends. Its
@@ -14,6 +14,7 @@ A :class:`Reporter` is the ``on_progress`` callback of :func:`sbcli.api.train` a
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,8 @@ def choose_mode(quiet: bool, console: Console = ERR) -> str:
 def reporter(quiet: bool, every: int = 1, console: Console = ERR) -> Reporter:
     """The reporter for this terminal: see the module docstring."""
     mode = choose_mode(quiet, console)
+    # The data layer's progress lines (listing, decoding: sbcli.data.progress) follow --quiet too.
+    logging.getLogger("sbcli.progress").setLevel(logging.WARNING if mode == "quiet" else logging.NOTSET)
     kind = {"quiet": Reporter, "lines": LineReporter, "live": LiveReporter}[mode]
     return kind(console=console, every=every)
 
@@ -144,11 +147,29 @@ class Reporter:
 
 
 class LineReporter(Reporter):
-    """One line per epoch (every ``every`` and the last of a phase), for logs and CI."""
+    """One line per epoch (the first, every ``every`` and the last of a phase), for logs and CI, and
+    within an epoch that runs long a line every :attr:`within_epoch_s` seconds."""
+
+    within_epoch_s = 60.0
+    _epoch_started = 0.0
+    _last_line = 0.0
+
+    def on_batch(self, done: int, total: int) -> None:
+        """A batch of the running epoch was launched: a line when the last one is a minute old."""
+        now = time.monotonic()
+        if done <= 1:
+            self._epoch_started = self._last_line = now
+            return
+        if now - self._last_line < self.within_epoch_s:
+            return
+        self._last_line = now
+        rate = (done - 1) / max(now - self._epoch_started, 1e-9)
+        self._print(f"batch {done:,}/{total:,} of the running epoch · {rate:.1f} batches/s · "
+                    f"the epoch ends in {clock((total - done) / rate)}")
 
     def show(self, event: Any) -> None:
         super().show(event)
-        if event.epoch % self.every and event.epoch != event.epochs:
+        if event.epoch % self.every and event.epoch not in (1, event.epochs):  # the first: the rate and ETA, early
             return
         step_eta, seq_eta = self.timeline.etas(event.task)
         self._print(f"{_where(event, self.timeline)} · epoch {event.epoch}/{event.epochs} · loss {event.loss:.4f} · "

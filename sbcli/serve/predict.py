@@ -6,6 +6,7 @@ squared distances, so these are relative, not calibrated).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ import numpy as np
 from sbcli.errors import ConfigError, DataError
 from sbcli.serve.model import Classifier, open_classifier
 from sbcli.serve.preprocess import IMAGE_EXTENSIONS, Preprocess
+
+MAX_FILE_BYTES = 64 * 2**20  # an image file larger than this is refused before it is read
 
 
 @dataclass(frozen=True)
@@ -66,12 +69,26 @@ def find_images(paths: Sequence[Path]) -> list[Path]:
     return found
 
 
-def _read_decode(spec: Preprocess, path: Path) -> np.ndarray:
+def read_image_file(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of one image file, refused from its size before it is read (and never more than ``limit`` read).
+
+    Raises:
+        DataError: the file cannot be read, or holds more than ``limit`` bytes.
+    """
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(limit + 1) if size <= limit else b""
     except OSError as err:
         raise DataError(f"Cannot read {path} ({err}); check that the file is readable.") from err
-    return spec.decode(data, str(path))
+    if size > limit or len(data) > limit:
+        raise DataError(f"{path} holds {max(size, len(data)):,} bytes, more than the {limit:,} read per image; "
+                        "give a smaller image file.")
+    return data
+
+
+def _read_decode(spec: Preprocess, path: Path) -> np.ndarray:
+    return spec.decode(read_image_file(path), str(path))
 
 
 def decode(paths: Sequence[Path], spec: Preprocess, pool: ThreadPoolExecutor | None = None) -> np.ndarray:
