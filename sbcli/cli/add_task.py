@@ -88,7 +88,7 @@ def add_task(
     for table in render.closing_tables(history, result):
         render.OUT.print(table)
     render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
-    hint = keeping_hint(history, after.memory, after.provenance)
+    hint = keeping_hint(history, after.memory, after.provenance, after.tasks)
     if hint:
         render.OUT.print(hint, highlight=False, soft_wrap=True)
     render.OUT.print(f"Learner {learner} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")

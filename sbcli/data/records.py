@@ -57,9 +57,12 @@ def is_record(value: object) -> bool:
 
 
 def public_record(record: dict) -> dict:
-    """``record`` with every path replaced by its last part (a format-1 spec becomes a record)."""
+    """``record`` with every path replaced by its last part (a format-1 spec becomes a record).
+
+    Format 1 also recorded benchmarks by kind alone (``{"kind": "demo"}``): they get the kind as name.
+    """
     if not is_legacy(record):
-        return record
+        return record if "name" in record else {"name": source_name(record), **record}
     out = {"kind": record["kind"], "name": source_name(record)}
     if "image_size" in record:
         out["image_size"] = record["image_size"]

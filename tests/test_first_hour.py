@@ -1,0 +1,71 @@
+"""What a new user meets in the first hour: output in logs, --version, closing sentences, hints, JSON."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+from typer.testing import CliRunner
+
+from sbcli import __version__
+from sbcli.cli.app import app
+from sbcli.cli.runs import closing_line, keeping_hint
+from sbcli.jsonutil import strict
+from sbcli.metrics import StepMetrics
+from sbcli.steps import StepSummary
+
+runner = CliRunner()
+NAN = float("nan")
+
+
+def test_output_that_is_not_a_terminal_is_never_wrapped(grown_run, monkeypatch, tmp_path):
+    deep = tmp_path.joinpath(*["a-rather-long-folder-name"] * 6)
+    learner = deep / "learner"
+    shutil.copytree(grown_run["learner"], learner)
+    last = json.loads((learner / "learner.json").read_text())["history"][-1]
+    monkeypatch.setattr("sbcli.api.add_task", lambda *a, **k: StepSummary(3, 4, StepMetrics(**last["metrics"]), 1.0))
+    monkeypatch.delenv("COLUMNS", raising=False)
+    res = runner.invoke(app, ["add-task", str(learner), str(tmp_path), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    assert f"Learner {learner} now knows 4 classes (history.csv" in res.stdout.splitlines()[-1]
+    assert max(len(line) for line in res.stdout.splitlines()) > 150  # one line, however long
+
+
+def test_version_flags():
+    for args in (["--version"], ["-V"], ["version"]):
+        res = runner.invoke(app, args)
+        assert res.exit_code == 0, res.output
+        assert res.stdout.startswith(f"sbcli {__version__}"), args
+
+
+def metrics(overall: float, old: float = NAN, new: float = NAN) -> dict:
+    return {"overall": overall, "per_task": [overall], "old": old, "new": new, "intra_old": NAN, "intra_new": NAN}
+
+
+def test_closing_sentences_say_in_words_what_is_missing():
+    untested = [{"step": 1, "num_classes": 2, "metrics": metrics(NAN)}]
+    assert "nan" not in closing_line(untested)
+    assert "no test images" in closing_line(untested)
+    grown = [{"step": 1, "num_classes": 2, "metrics": metrics(90.0)},
+             {"step": 2, "num_classes": 4, "metrics": metrics(45.0, old=90.0, new=NAN)}]
+    line = closing_line(grown)
+    assert "nan" not in line and "90.0 % on the 2 old classes" in line and "no test images of the 2 new ones" in line
+    both = [grown[0], {"step": 2, "num_classes": 4, "metrics": metrics(NAN, old=NAN, new=NAN)}]
+    assert "nan" not in closing_line(both)
+
+
+def test_the_memory_hint_never_asks_for_exemplars_the_data_does_not_have():
+    history = [{"step": 1, "num_classes": 2, "metrics": metrics(90.0)},
+               {"step": 2, "num_classes": 4, "metrics": metrics(50.0, old=10.0, new=90.0)}]
+    tasks = [{"classes": ["a", "b"], "source": {"kind": "folder", "name": "x", "train": {"counts": [24, 24]}}},
+             {"classes": ["c", "d"], "source": {"kind": "folder", "name": "y", "train": {"counts": [24, 24]}}}]
+    small = keeping_hint(history, {"budget": 8}, {}, tasks)
+    assert small is not None and "more exemplars" in small  # 2 a class of 24: more would help
+    full = keeping_hint(history, {"budget": 2000}, {}, tasks)
+    assert full is not None and "more exemplars" not in full and "every training image" in full
+
+
+def test_json_numbers_are_exact(grown_run):
+    """--json prints what learner.json keeps, unrounded (a missing number is null)."""
+    stored = json.loads((grown_run["learner"] / "learner.json").read_text())["history"]
+    assert json.loads(grown_run["add"].stdout)["history"] == strict(stored)
