@@ -7,6 +7,7 @@ wrote with ``add-task`` in this (single) process.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -17,6 +18,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
+from torch import distributed as dist
+from torch import nn
 
 from sbcli import api, distributed
 from sbcli.data.device import DeviceData, Normalization
@@ -136,6 +139,28 @@ def test_two_ranks_train_one_model(tmp_path):
     torch.testing.assert_close(ranks[0]["gathered_logits"], ranks[0]["local_logits"], rtol=1e-4, atol=1e-4)
     assert info[0]["events"] == 2 and info[1]["events"] == 0  # progress from rank 0 only
     assert info[0]["loss"] == info[1]["loss"]  # the epoch loss is reduced over ranks
+
+
+def _teardown_worker(rank: int, port: int, out_dir: str) -> None:
+    """One rank: a DDP step inside a session, with the cyclic garbage collector off, then what is left."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    gc.disable()  # as when no collection happens to run before the interpreter exits
+    with distributed.session("cpu"):
+        model = distributed.data_parallel(nn.Linear(4, 2), torch.device("cpu"), distributed.info())
+        model(torch.randn(3, 4)).sum().backward()
+        del model
+    alive = sum(isinstance(o, nn.parallel.DistributedDataParallel) for o in gc.get_objects())
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"ddp_alive": alive, "group": dist.is_initialized()}))
+
+
+def test_a_session_releases_the_process_group_before_the_interpreter_exits(tmp_path):
+    """DDP wrappers sit in reference cycles and hold the gloo process group: freed only at interpreter exit, they
+    tore it down during finalization and aborted the process ("terminate called without an active exception")."""
+    mp.spawn(_teardown_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    for r in range(WORLD):
+        assert json.loads((tmp_path / f"rank{r}.json").read_text()) == {"ddp_alive": 0, "group": False}
 
 
 # ----------------------------------------------------------------------------------------------
