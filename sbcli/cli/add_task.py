@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import (
     BalanceEpochsOpt,
@@ -50,6 +51,10 @@ def add_task(
     json_out: JsonOpt = False,
 ) -> None:
     """Add a new class set to a learner (the learner is rewritten only when the step is done)."""
+    paths.learner(learner)  # before torch loads: a mistyped path answers at once
+    paths.folder(folder)
+    if test is not None:
+        paths.folder(test, "test folder")
     from sbcli import api, distributed, loggers
     from sbcli.cli import progress, render
     from sbcli.cli.runs import closing_line, keeping_hint

@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import OUT, DeviceOpt, JsonOpt
 
@@ -36,6 +37,8 @@ def predict(
     json_out: JsonOpt = False,
 ) -> None:
     """Top-k labels with probabilities for image files or folders."""
+    paths.model(model)  # before torch or onnxruntime loads: a mistyped path answers at once
+    paths.images(images)
     from sbcli.cli import render
     from sbcli.serve.predict import predict as run_predict
 

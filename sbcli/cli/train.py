@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import (
     DATA,
@@ -75,6 +76,9 @@ def train(
     **run_options: Any,
 ) -> None:
     """Start a learner: learn a task sequence and save it after every step."""
+    paths.source(source)  # before torch loads: a mistyped path answers at once
+    if test is not None:
+        paths.folder(test, "test folder")
     from sbcli.cli.runs import run_training
     from sbcli.config import build_options
     from sbcli.rundirs import output_dir
