@@ -16,7 +16,8 @@ import torch
 from sbcli import __version__, distributed, evalsets, growing, preflight
 from sbcli.api_out import export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
 from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
-from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
+from sbcli.data import folder_classes
+from sbcli.data.catalog import BENCHMARKS, Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from sbcli.data.imageset import ImageSet
 from sbcli.data.records import remember_source, same_source
@@ -104,6 +105,16 @@ def _check_sequence(seq: SequenceOptions) -> None:
             raise ConfigError(f"{flag} {value} is not a count; give 1 or more.")
 
 
+def _check_folder_source(seq: SequenceOptions) -> None:
+    """A class-per-folder source, from its folder names alone: the test folder's classes and the first task's size."""
+    path = None if seq.source in (None, *BENCHMARKS) else Path(seq.source).expanduser()
+    if path is None or not path.is_dir() or (path / "wnids.txt").is_file():
+        return
+    if seq.test is not None and Path(seq.test).expanduser().is_dir():
+        folder_classes.check_same_classes(path, Path(seq.test).expanduser())
+    folder_classes.check_first_task(sequence_scenario(seq, len(folder_classes.class_names(path))).sizes)
+
+
 def _check_out(out: Path, resume: bool) -> None:
     legacy.recover(out)
     check_output_dir(out, option="--out", resume=resume)
@@ -122,6 +133,7 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     device = _check_run(run)
     _check_keep(keep)
     _check_sequence(seq)
+    _check_folder_source(seq)
     _check_out(out, resume)
     preflight.check_writable(out)
     with writer_lock(out, "train", create=True, enabled=distributed.is_main_process()):
@@ -146,6 +158,7 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     record = remember_source(spec, opened.train, opened.test)
     names = opened.train.class_names
     scenario = sequence_scenario(seq, len(names))
+    folder_classes.check_first_task(scenario.sizes)
     opened = resize_opened(only_classes(opened, scenario.order), spec)
     image_size = spec.get("image_size") or spec_image_size(spec)
     preflight.check_free_space(out, preflight.save_bytes(run.arch, run.width, len(scenario.order), image_size, run.memory))
@@ -263,6 +276,8 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
                         data_root=None, download=False)
     if spec["kind"] != "folder":
         raise DataError(f"{folder} is not a class-per-folder directory; add-task takes one folder per new class.")
+    if test is not None:
+        folder_classes.check_same_classes(Path(spec["path"]), Path(spec["test"]))
     opened = open_spec(spec)
     new = list(opened.train.class_names)
     clash = sorted(set(new) & set(learner.state.class_names))
