@@ -112,7 +112,9 @@ def _check_folder_source(seq: SequenceOptions) -> None:
         return
     if seq.test is not None and Path(seq.test).expanduser().is_dir():
         folder_classes.check_same_classes(path, Path(seq.test).expanduser())
-    folder_classes.check_first_task(sequence_scenario(seq, len(folder_classes.class_names(path))).sizes)
+    names = folder_classes.class_names(path)
+    if names and all(any((path / name).iterdir()) for name in names):  # an empty class folder: the loader names it
+        folder_classes.check_first_task(sequence_scenario(seq, len(names)).sizes)
 
 
 def _check_out(out: Path, resume: bool) -> None:
