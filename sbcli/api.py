@@ -17,10 +17,18 @@ from sbcli import __version__, distributed, evalsets, growing, preflight
 from sbcli.api_out import export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
 from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data import folder_classes
-from sbcli.data.catalog import BENCHMARKS, Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
+from sbcli.data.catalog import (
+    BENCHMARKS,
+    Opened,
+    compute_normalization,
+    open_spec,
+    relabel,
+    resolve_spec,
+    spec_image_size,
+)
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from sbcli.data.imageset import ImageSet
-from sbcli.data.records import remember_source, same_source
+from sbcli.data.records import check_dataset_name, remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.data.shaping import only_classes, resize_opened, with_image_size
 from sbcli.device import resolve_device
@@ -135,6 +143,7 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     device = _check_run(run)
     _check_keep(keep)
     _check_sequence(seq)
+    check_dataset_name(seq.dataset_name)
     _check_folder_source(seq)
     _check_out(out, resume)
     preflight.check_writable(out)
@@ -157,7 +166,7 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
     opened = open_spec(spec, download=seq.download)
-    record = remember_source(spec, opened.train, opened.test)
+    record = remember_source(spec, opened.train, opened.test, seq.dataset_name)
     names = opened.train.class_names
     scenario = sequence_scenario(seq, len(names))
     folder_classes.check_first_task(scenario.sizes)
@@ -257,6 +266,7 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     """
     _check_keep(keep)
     opts = options or AddTaskOptions(epochs=epochs, method=method)
+    check_dataset_name(opts.name)
     opts = dataclasses.replace(opts, epochs=opts.epochs if epochs is None else epochs, method=opts.method or method)
     with writer_lock(Path(learner_dir), "add-task", enabled=distributed.is_main_process()):
         return _add_task(Path(learner_dir), folder, test, device, opts, warmup_epochs, keep, on_progress)
@@ -289,7 +299,7 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
                                                                  state.image_size, state.memory["budget"]))
     old = evalsets.test_data(learner, opts.data_roots) if learner.state.tasks else None
-    record = remember_source(spec, opened.train, opened.test)
+    record = remember_source(spec, opened.train, opened.test, opts.name)
     if opts.epochs is not None:
         learner.state.train_config["epochs"] = opts.epochs
     if warmup_epochs is not None:  # recorded: later steps keep it

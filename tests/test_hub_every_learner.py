@@ -37,6 +37,7 @@ def test_every_bundled_zoo_learner_pushes_with_sb_export(name: str, fake_hub: Fa
     pulled = api.pull(name, tmp_path / name).path
     res = CliRunner().invoke(app, ["export", str(pulled), "--to-hub", f"tester/{name}", "--json"])
     assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["hub"]["onnx"]["path"] == "model.onnx"  # in the repository, not a deleted temp file
     card = card_of(f"tester/{name}")
     state = read_state(pulled)
     assert f"{state.num_classes} classes learned in {state.steps} task steps" in card
@@ -51,6 +52,8 @@ def test_a_learner_grown_from_the_zoo_pushes(fake_hub: FakeHub, color_data, tmp_
     assert report.to_json()["repo_id"] == "tester/grown"
     card = card_of("tester/grown")
     assert "| 3 | folder: task2 |" in card  # the grown step, named by the folder above train/test
+    assert "| 3 | A 1, B 1, C 1" in card and "## Intended use and limitations" in card
+    assert "| 2 | " in card and "not recorded" in card  # the zoo's own steps predate per-step settings
 
 
 def test_a_format_1_learner_with_recorded_paths_pushes_without_them(fake_hub: FakeHub, tmp_path: Path) -> None:
@@ -74,3 +77,18 @@ def test_a_format_2_learner_pushes(fake_hub: FakeHub, one_task_learner: Path, tm
     assert json.loads((learner / "learner.json").read_text())["format_version"] == 2
     api.push(learner, "tester/v2")
     assert "| 1 | folder: task1 |" in card_of("tester/v2")
+
+
+def test_the_card_names_the_data_and_each_steps_own_settings(fake_hub: FakeHub, one_task_learner: Path, color_data,
+                                                             tmp_path: Path) -> None:
+    learner = tmp_path / "named"
+    shutil.copytree(one_task_learner, learner)
+    options = api.AddTaskOptions(epochs=1, name="garden")
+    api.add_task(learner, color_data["task2_train"], color_data["task2_test"], device="cpu", warmup_epochs=0.5,
+                 options=options)
+    api.push(learner, "tester/named")
+    card = card_of("tester/named")
+    assert "| 1 | folder: task1 |" in card and "| 2 | folder: garden |" in card  # not "train (test: test)"
+    assert "name: task1, garden" in card and "class folders" not in card  # the model-index dataset
+    assert '| 2 | std 1 | as step 1, but `{"warmup_epochs": 0.5}` |' in card
+    assert '"warmup_epochs": 0.0' in card.split("| 1 | base 1 | ", 1)[1].split("\n")[0]  # step 1 keeps its own warm-up

@@ -17,6 +17,7 @@ from sbcli.cli._options import (
     KeepOpt,
     LearnerArg,
     LogOpt,
+    NameOpt,
     NoTestSampleOpt,
     QuietOpt,
     TestOpt,
@@ -37,6 +38,7 @@ def add_task(
     learner: LearnerArg,
     folder: Annotated[Path, typer.Argument(help="Class-per-folder training images of the new classes.", show_default=False)],
     test: TestOpt = None,
+    dataset_name: NameOpt = None,
     method: Annotated[Optional[str], typer.Option("--method", help="Check that the learner uses this method (a learner keeps the method it was started with).", show_default=False)] = None,
     epochs: EpochsOpt = None,
     data_roots: TestRootsOpt = None,
@@ -75,7 +77,7 @@ def add_task(
         reporter.note(f"Adding the classes of {folder} to {learner}")
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal,
-                                     balance_epochs=balance_epochs)
+                                     balance_epochs=balance_epochs, name=dataset_name)
         step = api.add_task(learner, folder, test, device=device, keep=keep, options=options,
                             warmup_epochs=warmup_epochs, on_progress=reporter)
         reporter.step(step)

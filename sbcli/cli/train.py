@@ -17,6 +17,7 @@ from sbcli.cli._options import (
     JsonOpt,
     KeepOpt,
     LogOpt,
+    NameOpt,
     NoTestSampleOpt,
     PretrainedHashOpt,
     PretrainedOpt,
@@ -46,6 +47,7 @@ def defaults_for(source: str | None) -> dict:
 def train(
     source: Annotated[Optional[str], typer.Argument(help="demo (default), cifar10, cifar100, tiny-imagenet, a Tiny-ImageNet zip/dir, or a class-per-folder directory.", show_default=False)] = None,
     test: TestOpt = None,
+    dataset_name: NameOpt = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Learner directory to write (default: a new runs/SOURCE, runs/SOURCE-2, ...).", rich_help_panel=OUT, show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sequence in --out from its last completed step.", rich_help_panel=OUT)] = False,
     keep: KeepOpt = None,
