@@ -69,3 +69,13 @@ def test_json_numbers_are_exact(grown_run):
     """--json prints what learner.json keeps, unrounded (a missing number is null)."""
     stored = json.loads((grown_run["learner"] / "learner.json").read_text())["history"]
     assert json.loads(grown_run["add"].stdout)["history"] == strict(stored)
+
+
+def test_pulling_the_demo_learner_says_what_sb_evaluate_then_does(tmp_path):
+    from sbcli import api
+
+    report = api.pull("demo-sb-tiny", tmp_path / "demo")
+    said = " ".join(report.notes)
+    assert "--data-root" not in said and "ship with sbcli, so `sb evaluate` works anywhere" in said
+    used = api.evaluate(report.path, device="cpu")["test_data"]["tasks"]
+    assert used and all(task["images"] > 0 for task in used)  # found by itself, as the note says
