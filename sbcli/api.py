@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from sbcli import __version__, distributed, evalsets, growing, preflight
+from sbcli import __version__, banner, distributed, evalsets, growing, preflight
 from sbcli.api_out import export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
 from sbcli.config import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data import folder_classes
@@ -166,6 +166,7 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
     opened = open_spec(spec, download=seq.download)
+    sizes = banner.folder_sizes(Path(spec["path"])) if spec["kind"] == "folder" else banner.native_sizes(opened.train.images)
     record = remember_source(spec, opened.train, opened.test, seq.dataset_name)
     names = opened.train.class_names
     scenario = sequence_scenario(seq, len(names))
@@ -193,6 +194,9 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         model = model.to(device)
         learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
     ordered = [names[c] for c in scenario.order]
+    _announce_start(on_progress, banner.banner(
+        len(scenario.order), len(opened.train), len(opened.test) if opened.test is not None else 0, image_size, sizes,
+        f"{learner.state.arch}, width x{learner.state.width:g}", learner.state.train_config, device))
     _announce_plan(on_progress, learner.state, scenario.sizes)
     for step in range(learner.state.steps, len(scenario.sizes)):
         torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
@@ -216,6 +220,13 @@ def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], or
                       seen_train=lambda: relabel(opened.train, ordered, seen))
     evalsets.carry(learner, test_set, [ordered.index(n) for n in new], carry_sample)
     return step
+
+
+def _announce_start(on_progress: ProgressFn | None, start: banner.RunBanner) -> None:
+    """Tell a progress callback that has ``on_start`` what the run is about to do (rank 0 only)."""
+    on_start = getattr(on_progress, "on_start", None)
+    if on_start is not None and distributed.is_main_process():
+        on_start(start)
 
 
 def _announce_plan(on_progress: ProgressFn | None, state: LearnerState, sizes: list[int]) -> None:
@@ -296,6 +307,9 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     if clash:
         raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
     state = learner.state
+    start = banner.banner(len(new), len(opened.train), len(opened.test) if opened.test is not None else 0,
+                          state.image_size, banner.folder_sizes(Path(spec["path"])), f"{state.arch}, width x{state.width:g}",
+                          {**state.train_config, **({"epochs": opts.epochs} if opts.epochs is not None else {})}, dev)
     preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
                                                                  state.image_size, state.memory["budget"]))
     old = evalsets.test_data(learner, opts.data_roots) if learner.state.tasks else None
@@ -312,6 +326,7 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else _empty(train_set)
     published = growing.published_files(learner_dir)
     cfg = TrainConfig(**_tuples(learner.state.train_config))
+    _announce_start(on_progress, start)
     _announce_plan(on_progress, learner.state, [*(learner.state.class_task.count(t) for t in range(learner.state.steps)), len(new)])
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
     step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": record})

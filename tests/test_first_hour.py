@@ -79,3 +79,24 @@ def test_pulling_the_demo_learner_says_what_sb_evaluate_then_does(tmp_path):
     assert "--data-root" not in said and "ship with sbcli, so `sb evaluate` works anywhere" in said
     used = api.evaluate(report.path, device="cpu")["test_data"]["tasks"]
     assert used and all(task["images"] > 0 for task in used)  # found by itself, as the note says
+
+
+def test_train_and_add_task_say_what_they_will_do_before_the_first_epoch(color_data, tmp_path):
+    learner = tmp_path / "learner"
+    small = ["--epochs", "1", "--width", "0.125", "--batch-size", "16", "--memory", "8", "--device", "cpu",
+             "--precision", "fp32", "--method", "std"]
+    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--test", str(color_data["task1_test"]),
+                              "--out", str(learner), "--image-size", "24", *small])
+    assert res.exit_code == 0, res.output
+    lines = res.stderr.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Found "))
+    assert lines[start] == ("Found 2 classes, 48 training images, 16 test images; at 24x24 pixels (resized from 16x16); "
+                            "resnet18, width x0.125; 1 epoch a phase (and 2 of class-balanced fine-tuning after each "
+                            "later step); on cpu in fp32.")
+    assert start < min(i for i, line in enumerate(lines) if " · epoch " in line)  # before any training
+    res = runner.invoke(app, ["add-task", str(learner), str(color_data["task2_train"]), "--device", "cpu", "--epochs", "2"])
+    assert res.exit_code == 0, res.output
+    said = [line for line in res.stderr.splitlines() if line.startswith("Found ")]
+    assert said == ["Found 2 classes, 48 training images, no test images; at 24x24 pixels (resized from 16x16); "
+                    "resnet18, width x0.125; 2 epochs a phase (and 2 of class-balanced fine-tuning after each later "
+                    "step); on cpu in fp32."]

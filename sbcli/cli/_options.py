@@ -44,7 +44,7 @@ PretrainedHashOpt = Annotated[Optional[str], typer.Option("--pretrained-sha256",
 ValFractionOpt = Annotated[Optional[float], typer.Option("--val-fraction", help="Hold out this share of each new class's images and of the exemplars; every phase keeps its best epoch on them (default 0: the last epoch).", rich_help_panel=OPT, show_default=False)]
 ValEveryOpt = Annotated[Optional[int], typer.Option("--val-every", help="With --val-fraction: epochs between validation scores (default: a fifth of the phase).", rich_help_panel=OPT, show_default=False)]
 IncrementalLrOpt = Annotated[Optional[float], typer.Option("--incremental-lr", help="Initial learning rate of every phase after the first step (default: --lr).", rich_help_panel=OPT, show_default=False)]
-BalanceEpochsOpt = Annotated[Optional[int], typer.Option("--balance-epochs", help="After each later step, fine-tune this many epochs on the class-balanced exemplar memory (default 0: none).", rich_help_panel=OPT, show_default=False)]
+BalanceEpochsOpt = Annotated[Optional[int], typer.Option("--balance-epochs", help="After each later step, fine-tune this many epochs on the class-balanced exemplar memory (default 2 in sb train; 0 in sb bench and the paper recipes; sb add-task keeps the learner's).", rich_help_panel=OPT, show_default=False)]
 BalanceLrOpt = Annotated[Optional[float], typer.Option("--balance-lr", help="Learning rate of that fine-tuning (default 0.01).", rich_help_panel=OPT, show_default=False)]
 
 # The engine's other settings (sbcli.engine.TrainConfig), in `sb train` and `sb bench`; unset: the authors' values.

@@ -133,6 +133,10 @@ class Reporter:
     def note(self, text: str) -> None:
         """A line for the person watching (what runs, where it writes)."""
 
+    def on_start(self, start: Any) -> None:
+        """What the run is about to do (:class:`sbcli.banner.RunBanner`): one line, before the first epoch."""
+        self.note(start.text())
+
     def set_title(self, text: str) -> None:
         """What the whole sequence is called on its bar (a bench names its cell)."""
         self.title = text
