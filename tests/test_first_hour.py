@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from sbcli import __version__
 from sbcli.cli.app import app
+from sbcli.cli.progress import step_text
 from sbcli.cli.runs import closing_line, keeping_hint
 from sbcli.jsonutil import strict
 from sbcli.metrics import StepMetrics
@@ -52,6 +53,8 @@ def test_closing_sentences_say_in_words_what_is_missing():
     assert "nan" not in line and "90.0 % on the 2 old classes" in line and "no test images of the 2 new ones" in line
     both = [grown[0], {"step": 2, "num_classes": 4, "metrics": metrics(NAN, old=NAN, new=NAN)}]
     assert "nan" not in closing_line(both)
+    done = step_text(StepSummary(1, 2, StepMetrics(NAN, [NAN], NAN, NAN, NAN, NAN), 1.0))
+    assert done == "step 1 done: 2 classes, no test images to measure it, in 1.0 s"
 
 
 def test_the_memory_hint_never_asks_for_exemplars_the_data_does_not_have():

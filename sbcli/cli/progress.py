@@ -294,5 +294,7 @@ def _where(event: Any, timeline: Timeline) -> str:
 def step_text(step: Any) -> str:
     """The line that says a step is done and saved."""
     m = step.metrics
+    if math.isnan(m.overall):  # no test images: say so rather than "- %"
+        return f"step {step.step} done: {step.num_classes} classes, no test images to measure it, in {step.seconds:.1f} s"
     return (f"step {step.step} done: {step.num_classes} classes, accuracy {fmt(m.overall)} % "
             f"(old {fmt(m.old)}, new {fmt(m.new)}) in {step.seconds:.1f} s")
