@@ -145,8 +145,9 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     _check_sequence(seq)
     check_dataset_name(seq.dataset_name)
     _check_folder_source(seq)
-    _check_out(out, resume)
-    preflight.check_writable(out)
+    if distributed.is_main_process():  # rank 0 alone writes: another rank would see its lock file (or add a probe)
+        _check_out(out, resume)
+        preflight.check_writable(out)
     with writer_lock(out, "train", create=True, enabled=distributed.is_main_process()):
         return _train(seq, run, out, device, resume, keep, on_progress, on_step)
 

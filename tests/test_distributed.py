@@ -28,6 +28,7 @@ from sbcli.engine import Engine, Phase, TrainConfig
 from sbcli.learner import FORMAT_VERSION, Learner
 from sbcli.losses import kd_ce_loss
 from sbcli.nets import create_model
+from sbcli.store.layout import LOCK_FILE, LOCK_INFO
 
 WORLD = 2
 IMAGES, BATCH, CLASSES = 64, 16, 4
@@ -166,6 +167,20 @@ def test_a_session_releases_the_process_group_before_the_interpreter_exits(tmp_p
 # ----------------------------------------------------------------------------------------------
 # torchrun -m sbcli train, then add-task in one process
 # ----------------------------------------------------------------------------------------------
+
+
+def test_only_the_writing_rank_checks_the_output_folder(color_data, monkeypatch, tmp_path):
+    """Under torchrun rank 0 creates --out and its lock note; a rank that checked --out while the note was
+    being written saw a non-empty folder and refused ("already exists and is not empty"), failing the job."""
+    out = tmp_path / "learner"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("")
+    (out / f"{LOCK_INFO}.4242").write_text("{}")  # rank 0 writing its lock note (then renamed into place)
+    monkeypatch.setattr(distributed, "is_main_process", lambda: False)
+    monkeypatch.setattr("sbcli.api._train", lambda *args, **kwargs: "trained")
+    seq = api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]), image_size=16)
+    run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
+    assert api.train(seq, run, out) == "trained"
 
 
 def test_torchrun_train_writes_a_learner_that_continues_in_one_process(color_data, tmp_path):
