@@ -21,6 +21,7 @@ from sbcli.engine import Engine, Phase, PhaseReport
 from sbcli.methods.common import ce, zero_head_bias
 from sbcli.nets.resnet import IncrementalResNet
 
+
 BIC_REFUSAL = ("--balance-epochs does not go with --inference bic (its bias layer already corrects the new classes' "
                "bias); drop one of them.")
 
