@@ -193,7 +193,8 @@ def test_a_format_1_learner_is_pushed_without_its_paths(trained: dict[str, Path]
     assert api.evaluate(legacy, device="cpu")["test_data"]["used"] == "folder"  # its own path, still here
     public = public_state(read_state(legacy))
     assert str(trained["data"]) not in json.dumps(public.tasks) + json.dumps(public.plan)
-    assert public.tasks[0]["source"] == {"kind": "folder", "name": "train", "image_size": 16, "test": {"name": "test"}}
+    assert public.tasks[0]["source"] == {"kind": "folder", "name": "train", "dataset": trained["data"].name,  # photos/train: photos
+                                         "image_size": 16, "test": {"name": "test"}}
 
 
 def test_the_card_snippet_classifies_an_image_file(trained: dict[str, Path], tmp_path: Path) -> None:

@@ -136,6 +136,10 @@ class Reporter:
     def note(self, text: str) -> None:
         """A line for the person watching (what runs, where it writes)."""
 
+    def on_start(self, start: Any) -> None:
+        """What the run is about to do (:class:`sbcli.banner.RunBanner`): one line, before the first epoch."""
+        self.note(start.text())
+
     def set_title(self, text: str) -> None:
         """What the whole sequence is called on its bar (a bench names its cell)."""
         self.title = text
@@ -311,5 +315,7 @@ def _where(event: Any, timeline: Timeline) -> str:
 def step_text(step: Any) -> str:
     """The line that says a step is done and saved."""
     m = step.metrics
+    if math.isnan(m.overall):  # no test images: say so rather than "- %"
+        return f"step {step.step} done: {step.num_classes} classes, no test images to measure it, in {step.seconds:.1f} s"
     return (f"step {step.step} done: {step.num_classes} classes, accuracy {fmt(m.overall)} % "
             f"(old {fmt(m.old)}, new {fmt(m.new)}) in {step.seconds:.1f} s")

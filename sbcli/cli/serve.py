@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 
 NET, BATCH, GPU = "Network", "Batching and limits", "GPU (onnxruntime-gpu)"
@@ -49,6 +50,7 @@ def serve(
     reload_interval: Annotated[float, typer.Option("--reload-interval", help="Seconds between checks for a changed model file or learner (0: never reload).", rich_help_panel=BATCH)] = 2.0,
 ) -> None:
     """Serve a model over HTTP: /predict, /health, /metadata, the Open Inference Protocol (KServe v2) and /metrics, with dynamic batching and reload."""
+    paths.model(model)  # before torch or onnxruntime loads: a mistyped path answers at once
     from sbcli.cli import render
     from sbcli.serve.app import ServeConfig
     from sbcli.serve.server import Listen, prepare, run

@@ -200,7 +200,9 @@ def contents(learner: Any) -> dict[str, Any]:
     s = learner.state
     return {"steps": s.steps, "classes": s.num_classes, "memory_budget": learner.memory.budget,
             "exemplar_images": len(learner.memory),
-            "test_images": 0 if learner.test_sample is None else len(learner.test_sample)}
+            "test_images": 0 if learner.test_sample is None else len(learner.test_sample),
+            # tasks of the demo, whose test images ship with sbcli: `sb evaluate` finds them anywhere
+            "bundled_test_tasks": sum(t["source"].get("kind") == "demo" for t in s.tasks)}
 
 
 def content_notes(inside: dict[str, Any]) -> list[str]:
@@ -217,7 +219,13 @@ def content_notes(inside: dict[str, Any]) -> list[str]:
     else:
         notes.append(f"this learner carries {inside['exemplar_images']} exemplar images (its memory), so "
                      "`sb add-task` rehearses its old classes")
-    if inside["test_images"] == 0:
+    bundled = inside.get("bundled_test_tasks", 0)
+    if inside["test_images"] == 0 and bundled and bundled == inside["steps"]:
+        notes.append("its test images are the demo's, which ship with sbcli, so `sb evaluate` works anywhere")
+    elif inside["test_images"] == 0 and bundled:
+        notes.append("it carries no test sample: `sb evaluate` finds the demo's test images (they ship with sbcli) "
+                     "and needs the other tasks' original test folders (--data-root) or a test folder you give it")
+    elif inside["test_images"] == 0:
         notes.append("it carries no test sample: `sb evaluate` needs its original test folders (--data-root) "
                      "or a test folder you give it")
     else:
