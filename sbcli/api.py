@@ -9,7 +9,7 @@ import dataclasses
 import platform
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -40,6 +40,9 @@ from sbcli.store.lock import writer_lock
 from sbcli.store.outputs import check_output_dir
 from sbcli.validate import MAX_WIDTH
 
+if TYPE_CHECKING:
+    from sbcli.nets.timm_backbone import TimmInput
+
 ProgressFn = Callable[[ProgressEvent], None]
 StepFn = Callable[[StepSummary], None]
 
@@ -62,7 +65,15 @@ def options(source: str | None = None, *, recipe: str | None = None, **settings:
 
 
 def _check_run(run: RunOptions) -> torch.device:
-    if run.arch not in list_models():
+    if timm_input_config(run.arch) is not None:  # a timm architecture: known to timm, width 1, frozen-backbone methods
+        if run.width != 1.0:
+            raise ConfigError(f"--width does not apply to --arch {run.arch} (timm builds it at its own width); drop --width.")
+        from sbcli.config import FROZEN_BACKBONE_METHODS
+
+        if run.method not in FROZEN_BACKBONE_METHODS:
+            raise ConfigError(f"--arch {run.arch} is a timm backbone, which only --method "
+                              f"{', '.join(FROZEN_BACKBONE_METHODS)} takes; --method {run.method} trains sbcli's own ResNets.")
+    elif run.arch not in list_models():
         raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
     if not 0 < run.width <= MAX_WIDTH:
         raise ConfigError(f"--width must be above 0 and at most {MAX_WIDTH} (e.g. 0.25 for a quarter-width network).")
@@ -128,6 +139,13 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
         return _train(seq, run, out, device, resume, keep, on_progress, on_step)
 
 
+def timm_input_config(arch: str) -> TimmInput | None:
+    """--arch timm/NAME: what its weights expect (:func:`sbcli.nets.timm_backbone.input_config`); None otherwise."""
+    from sbcli.nets.timm_backbone import input_config, is_timm_arch
+
+    return input_config(arch) if is_timm_arch(arch) else None
+
+
 def _check_keep(keep: int | None) -> None:
     if keep is not None and keep < 1:
         raise ConfigError(f"--keep {keep} keeps no step; give 1 or more (1 keeps only the current step).")
@@ -136,10 +154,14 @@ def _check_keep(keep: int | None) -> None:
 def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.device, resume: bool, keep: int | None,
            on_progress: ProgressFn | None, on_step: StepFn | None) -> Learner:
     weights = None
-    if run.pretrained and not resume:  # fetched and checked before any data is read
+    timm_input = timm_input_config(run.arch)  # --arch timm/NAME: its resolution, statistics and weights
+    if (run.pretrained or timm_input) and not resume:  # fetched and checked before any data is read
         from sbcli import pretrained
 
-        weights = pretrained.load(run.pretrained, run.arch, run.width, sha256=run.pretrained_sha256)
+        ref = run.pretrained or timm_input.weights
+        weights = pretrained.load(ref, run.arch, run.width, sha256=run.pretrained_sha256)
+    if timm_input is not None:
+        seq = dataclasses.replace(seq, image_size=seq.image_size or timm_input.image_size)
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
     opened = open_spec(spec, download=seq.download)
@@ -158,6 +180,8 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     else:
         # pretrained backbones expect the statistics they were trained with: ImageNet's
         norm = Normalization(IMAGENET_MEAN, IMAGENET_STD) if weights else (opened.norm or compute_normalization(opened.train.images))
+        if timm_input is not None:  # the statistics timm's pretrained configuration gives the architecture
+            norm = Normalization(timm_input.mean, timm_input.std)
         state = _new_state(run, image_size, norm.to_json(), plan, spec["kind"])
         torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
         model = create_model(run.arch, scenario.sizes[0], run.width, run.train.zero_init_residual)

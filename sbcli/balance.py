@@ -26,10 +26,20 @@ BIC_REFUSAL = ("--balance-epochs does not go with --inference bic (its bias laye
                "bias); drop one of them.")
 
 
+PROTOTYPE_REFUSAL = ("--balance-epochs does not go with --method simplecil (its backbone stays frozen and its "
+                     "prototypes are already class-balanced); drop --balance-epochs.")
+
+
 def applies(inference: str | None) -> bool:
     """Balancing runs under every inference rule but BiC's, whose bias layer is fit on the network as the
-    step leaves it: balancing after it would undo what the layer measured."""
-    return inference != "bic"
+    step leaves it: balancing after it would undo what the layer measured; and but SimpleCIL's
+    prototypes, whose backbone is never trained after the first step."""
+    return inference not in ("bic", "prototype")
+
+
+def refusal(inference: str | None) -> str:
+    """The one sentence that refuses an asked --balance-epochs under ``inference`` (where it does not apply)."""
+    return PROTOTYPE_REFUSAL if inference == "prototype" else BIC_REFUSAL
 
 
 def balance_phase(epochs: int, lr: float, hold_bias_at_zero: bool) -> Phase:

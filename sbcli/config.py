@@ -155,6 +155,7 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
         ConfigError: a value is malformed (``--milestones``, ``--phase-epochs``) or refused.
     """
     o = merge(given, defaults_for(given.get("source")) if defaults is None else defaults)
+    _frozen_backbone(o, given)
     _balance_with_bic(o, given)
     method_options = {k: o.get(k) for k in sorted(method_keys())} | _phase_epochs(o.get("phase_epochs"))
     engine = {k: o[k] for k in engine_keys() if o.get(k) is not None}
@@ -173,6 +174,24 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
     return seq, run, None if o.get("out") is None else Path(o["out"])
 
 
+# -- --method simplecil and timm architectures: wiring to fold into the per-method options when methods own them --
+FROZEN_BACKBONE_METHODS = ("simplecil",)  # methods that never train the backbone after step 1 (may use --arch timm/NAME)
+
+
+def _frozen_backbone(o: dict, given: dict) -> None:
+    """--method simplecil: its rule, no exemplars unless asked; a timm architecture refused for every other method."""
+    from sbcli.nets.timm_backbone import is_timm_arch
+
+    if o.get("method") in FROZEN_BACKBONE_METHODS:
+        o["inference"] = o.get("inference") or "prototype"
+        if given.get("memory") is None:
+            o["memory"] = 0
+    elif is_timm_arch(o.get("arch")):
+        raise ConfigError(f"--arch {o['arch']} is a timm backbone, which only frozen-backbone methods (--method "
+                          f"{', '.join(FROZEN_BACKBONE_METHODS)}) take: --method {o.get('method')} trains sbcli's own "
+                          "ResNets (S&B needs their partition); pick --arch resnet18, resnet32, resnet18-in or resnet34-in.")
+
+
 def _balance_with_bic(o: dict, given: dict) -> None:
     """No balancing under BiC (:func:`sbcli.balance.applies`): the default is dropped, an asked one refused."""
     from sbcli import balance
@@ -180,7 +199,7 @@ def _balance_with_bic(o: dict, given: dict) -> None:
     if balance.applies(o.get("inference")) or not o.get("balance_epochs"):
         return
     if given.get("balance_epochs"):
-        raise ConfigError(balance.BIC_REFUSAL)
+        raise ConfigError(balance.refusal(o.get("inference")))
     o["balance_epochs"] = 0
 
 

@@ -37,7 +37,7 @@ def set_balance(learner: Learner, epochs: int | None) -> None:
     if epochs < 0:
         raise ConfigError(f"--balance-epochs {epochs} is negative; give 0 (no balancing) or more.")
     if epochs and not balance.applies(learner.state.method_config.get("inference")):
-        raise ConfigError(balance.BIC_REFUSAL)
+        raise ConfigError(balance.refusal(learner.state.method_config.get("inference")))
     learner.state.train_config["balance_epochs"] = epochs
 
 

@@ -19,6 +19,8 @@ from sbcli.nets.partition import split_fraction
 def step_epochs(method: str, options: dict, epochs: int, step: int, num_old: int, num_total: int,
                 balance: int = 0) -> int:
     """Planned epochs of step ``step`` (0-based) that grows ``num_old`` classes to ``num_total``."""
+    if method == "simplecil":  # frozen backbone: --adapt-epochs on the first task, forward passes only after
+        return int(options.get("adapt_epochs") or 0) if step == 0 else 0
     if step == 0:
         return epochs
     return _method_epochs(method, options, epochs, num_old, num_total) + (balance if applies(options.get("inference")) else 0)

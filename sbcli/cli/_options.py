@@ -25,7 +25,7 @@ TestOpt = Annotated[Optional[Path], typer.Option("--test", help="Class-per-folde
 DataRootOpt = Annotated[Optional[str], typer.Option("--data-root", help="Where cifar10/cifar100 live (torchvision layout) or the Tiny-ImageNet dir/zip.", rich_help_panel=DATA, show_default=False)]
 DownloadOpt = Annotated[bool, typer.Option("--download", help="Let torchvision download CIFAR into --data-root.", rich_help_panel=DATA)]
 OrderSeedOpt = Annotated[Optional[int], typer.Option("--order-seed", help="Class order seed: 0 (default) as in the S&B code, 1993 as in iCaRL/PyCIL, -1 keeps the dataset's order.", rich_help_panel=DATA, show_default=False)]
-ArchOpt = Annotated[Optional[str], typer.Option("--arch", help="resnet18 (default), resnet32 (CIFAR-style, 32-64 px), resnet18-in or resnet34-in (ImageNet-style, for photos at --image-size 128 or 224).", rich_help_panel=OPT, show_default=False)]
+ArchOpt = Annotated[Optional[str], typer.Option("--arch", help="resnet18 (default), resnet32 (CIFAR-style, 32-64 px), resnet18-in or resnet34-in (ImageNet-style, for photos at --image-size 128 or 224); with --method simplecil and the timm extra, timm/NAME (any timm architecture, its Hub weights, resolution and statistics).", rich_help_panel=OPT, show_default=False)]
 WidthOpt = Annotated[Optional[float], typer.Option("--width", help="Width multiplier (paper 1.0; 0.25 for small runs).", rich_help_panel=OPT, show_default=False)]
 BatchSizeOpt = Annotated[Optional[int], typer.Option("--batch-size", help="Batch size (paper: 256).", rich_help_panel=OPT, show_default=False)]
 LrOpt = Annotated[Optional[float], typer.Option("--lr", help="Initial learning rate (default 0.1).", rich_help_panel=OPT, show_default=False)]
