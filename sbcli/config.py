@@ -186,6 +186,8 @@ def _frozen_backbone(o: dict, given: dict) -> None:
         o["inference"] = o.get("inference") or "prototype"
         if given.get("memory") is None:
             o["memory"] = 0
+        if is_timm_arch(o.get("arch")) and given.get("width") is None:
+            o["width"] = 1.0  # timm builds the network at its own width (the demo's default 0.25 does not apply)
     elif is_timm_arch(o.get("arch")):
         raise ConfigError(f"--arch {o['arch']} is a timm backbone, which only frozen-backbone methods (--method "
                           f"{', '.join(FROZEN_BACKBONE_METHODS)}) take: --method {o.get('method')} trains sbcli's own "
