@@ -139,20 +139,21 @@ def test_adapt_epochs_train_the_first_task_then_freeze(color_data, backbone_file
     assert all(torch.equal(after.model.state_dict()[k], v) for k, v in before.items())
 
 
-def test_a_timm_model_from_the_hub_is_resized_normalised_and_recorded(color_data, fake_hub: FakeHub, tmp_path):
+@pytest.mark.parametrize("arch", [TIMM_ARCH, "timm/test_vit.r160_in1k"])  # a ResNet and a ViT (classifier "head")
+def test_a_timm_model_from_the_hub_is_resized_normalised_and_recorded(color_data, fake_hub: FakeHub, tmp_path, arch):
     timm = pytest.importorskip("timm")
     import huggingface_hub as hf
 
     torch.manual_seed(3)
-    reference = timm.create_model(TIMM_ARCH.removeprefix("timm/"), pretrained=False)  # 1000-class fc, as published
-    publish(hf.HfApi(), TIMM_ARCH, {"model.safetensors": save({k: v.contiguous() for k, v in reference.state_dict().items()})})
+    reference = timm.create_model(arch.removeprefix("timm/"), pretrained=False)  # 1000-class fc, as published
+    publish(hf.HfApi(), arch, {"model.safetensors": save({k: v.contiguous() for k, v in reference.state_dict().items()})})
     seq = api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]), tasks=1)
-    learner = api.train(seq, run_options(None, arch=TIMM_ARCH, width=1.0), tmp_path / "timm")
+    learner = api.train(seq, run_options(None, arch=arch, width=1.0), tmp_path / "timm")
     state = json.loads((tmp_path / "timm" / "learner.json").read_text())
-    assert state["arch"] == TIMM_ARCH and state["image_size"] == 160  # timm's resolution for it
+    assert state["arch"] == arch and state["image_size"] == 160  # timm's resolution for it
     assert state["normalization"] == {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5]}
     record = state["provenance"]["pretrained"]
-    assert record["repo"] == TIMM_ARCH and len(record["sha256"]) == 64 and len(record["commit"]) == 40
+    assert record["repo"] == arch and len(record["sha256"]) == 64 and len(record["commit"]) == 40
     # the backbone computes what timm's model computes
     x = torch.randn(2, 3, 160, 160)
     reference.eval(), learner.model.eval()
@@ -177,3 +178,11 @@ def test_refusals_are_one_sentence_before_any_work(color_data, tmp_path, args, s
     result = CliRunner().invoke(app, ["train", str(color_data["task1_train"]), "--out", str(out), *args])
     assert result.exit_code != 0 and says in " ".join(result.output.split()), result.output
     assert "Traceback" not in result.output and not out.exists()
+
+
+def test_add_task_refuses_balancing_with_the_learner_unchanged(simplecil_learner, color_data):
+    before = {p: p.read_bytes() for p in sorted(simplecil_learner.rglob("*")) if p.is_file()}
+    result = CliRunner().invoke(app, ["add-task", str(simplecil_learner), str(color_data["task2_train"]),
+                                      "--balance-epochs", "2"])
+    assert result.exit_code != 0 and "does not go with --method simplecil" in " ".join(result.output.split())
+    assert {p: p.read_bytes() for p in sorted(simplecil_learner.rglob("*")) if p.is_file()} == before

@@ -95,7 +95,7 @@ def input_config(arch: str) -> TimmInput:
     """Resolution, normalisation and weights repository of ``timm/NAME`` from timm's pretrained cfg."""
     with torch.device("meta"):
         cfg = dict(getattr(_build(arch[len(PREFIX):]), "pretrained_cfg", {}) or {})
-    size = cfg.get("test_input_size") or cfg.get("input_size") or (3, 224, 224)
+    size = cfg.get("input_size") or (3, 224, 224)  # the resolution it was trained at (not its larger test size)
     mean, std = cfg.get("mean", (0.485, 0.456, 0.406)), cfg.get("std", (0.229, 0.224, 0.225))
     hub = cfg.get("hf_hub_id") or arch
     return TimmInput(int(size[-1]), tuple(float(m) for m in mean), tuple(float(s) for s in std), hub)
