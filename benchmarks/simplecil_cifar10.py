@@ -14,6 +14,7 @@ the zip into class-per-folder trees (the first ``--per-class`` training and ``--
 images of each class); the class order is shuffled by the seed. One JSON line per run on stdout;
 ``--report FILE.jsonl`` prints the markdown table of docs/benchmarks.md from those lines:
 
+    PYTHONPATH=. python benchmarks/simplecil_cifar10.py --tiny-folder /tmp/tin100-n100   # prints the `sb train` of the backbone
     PYTHONPATH=. python benchmarks/simplecil_cifar10.py --backbone /path/to/tiny-learner --seeds 0 1 2 > runs.jsonl
     PYTHONPATH=. python benchmarks/simplecil_cifar10.py --report runs.jsonl
 
@@ -34,6 +35,10 @@ import zipfile
 from pathlib import Path
 
 ZIP = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "cifar10-jpeg.zip"
+TINY_ZIP = ZIP.parent / "tiny-imagenet-100-32px.zip"
+PRETRAIN = ("sb train {root}/train --test {root}/test --tasks 1 --method finetune --memory 0 --arch resnet18 --width 0.5 "
+            "--epochs 2 --batch-size 64 --warmup-epochs 0.25 --milestones 0.75 --threads 1 --order-seed -1 --seed 0 "
+            "-o {out}")
 METHODS = ("simplecil", "sb-pretrained", "sb-scratch")
 
 
@@ -146,9 +151,18 @@ def main() -> None:
     parser.add_argument("--zip", type=Path, default=ZIP)
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "sbcli-simplecil-cifar10")
     parser.add_argument("--report", type=Path, help="print the table of a JSON-lines file of earlier runs and exit")
+    parser.add_argument("--tiny-folder", type=Path, help="write the backbone's training folders (the first "
+                        "--tiny-per-class images of each Tiny-ImageNet-100 32 px class) here, print its `sb train`, exit")
+    parser.add_argument("--tiny-per-class", type=int, default=100)
     args = parser.parse_args()
     if args.report:
         report(args.report)
+        return
+    if args.tiny_folder:
+        from small_budget import build_folder
+
+        build_folder(TINY_ZIP, args.tiny_folder, 100, args.tiny_per_class)
+        print(PRETRAIN.format(root=args.tiny_folder, out=args.tiny_folder.parent / "tiny-backbone"))
         return
 
     import torch
