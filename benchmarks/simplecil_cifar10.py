@@ -133,6 +133,12 @@ def report(path: Path) -> None:
         print(f"| {name} | {len(runs)} | {cell([r['summary']['avg_incremental_2_to_T'] for r in runs])} | "
               f"{cell([r['summary']['last'] for r in runs])} | {cell([r['last_old'] for r in runs])} | "
               f"{cell([r['last_new'] for r in runs])} | {cell([statistics.mean(r['add_task_s']) for r in runs])} |")
+    print()
+    print("| method | seed | accuracy after steps 1..5 | `add-task` s, tasks 2..5 | first task s |")
+    print("|---|---|---|---|---|")
+    for r in sorted(rows, key=lambda r: (METHODS.index(r["method"]), r["seed"])):
+        print(f"| {r['method']} | {r['seed']} | {' / '.join(f'{a:.1f}' for a in r['overall'])} | "
+              f"{' / '.join(f'{t:.1f}' for t in r['add_task_s'])} | {r['first_task_s']:.1f} |")
 
 
 def main() -> None:
