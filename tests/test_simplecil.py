@@ -95,6 +95,7 @@ def test_add_task_computes_the_new_prototypes_only(simplecil_learner, color_data
         if not name.startswith("head."):
             assert torch.equal(after.model.state_dict()[name], tensor), name
     assert after.state.history[-1]["phases"] == [] and summary.num_classes == 4
+    assert after.state.history[-1]["record"]["prototypes_from"] == 48  # the 24 training images of each new class
     # colours are easy: prototypes of a random backbone still separate them well above chance (25 %)
     assert summary.metrics.overall > 60.0
 

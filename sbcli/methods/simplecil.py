@@ -19,6 +19,7 @@ export compute.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -103,8 +104,10 @@ def _adapt(ctx: TaskContext, cfg: Config) -> list:
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     old = stored_prototypes(ctx.extra, ctx.num_old)
     phases = _adapt(ctx, cfg)
+    start = time.perf_counter()
     new = new_prototypes(ctx.engine, ctx.model, ctx.data.images, ctx.data.labels,
                          range(ctx.num_old, ctx.num_total), cfg.prototype_flips)
     protos = new if old is None else torch.cat([old, new])
-    record = {"prototypes_from": int(((ctx.data.labels >= ctx.num_old)).sum()), "flips": cfg.prototype_flips}
+    record = {"prototypes_from": int((ctx.data.labels >= ctx.num_old).sum()), "flips": cfg.prototype_flips,
+              "prototype_seconds": round(time.perf_counter() - start, 3)}
     return TaskResult(phases=phases, record=record, extra_state={PROTOTYPES_KEY: protos.contiguous()})
