@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sbcli import api
+from sbcli import api, evalsets
 from sbcli.engine import Engine, StepOutputs, TrainConfig
 from sbcli.errors import ConfigError, ExportError
 from sbcli.inference import NME_MEANS, NearestMeanScores, scoring_module
@@ -111,7 +111,7 @@ def test_icarl_learner_keeps_the_means_of_its_final_memory(icarl_learner):
 def test_icarl_evaluation_uses_the_nearest_mean(icarl_learner):
     learner = Learner.load(icarl_learner)
     engine = Engine(TrainConfig(), torch.device("cpu"), learner.norm, 0)
-    test = api.load_test_sets(learner)
+    test = evalsets.load_test_sets(learner)
     feats = engine.features(learner.model, test.images)
     nearest = torch.cdist(torch.nn.functional.normalize(feats, dim=1), learner.extra[nme.MEANS_KEY]).argmin(1)
     expected = float((nearest == test.labels).float().mean()) * 100
@@ -121,7 +121,7 @@ def test_icarl_evaluation_uses_the_nearest_mean(icarl_learner):
 def test_icarl_history_records_the_network_output_beside_the_nearest_mean(icarl_learner):
     learner = Learner.load(icarl_learner)
     engine = Engine(TrainConfig(), torch.device("cpu"), learner.norm, 0)
-    test = api.load_test_sets(learner)
+    test = evalsets.load_test_sets(learner)
     last = learner.state.history[-1]
     network = float((engine.logits(learner.model, test.images).argmax(1) == test.labels).float().mean()) * 100
     assert last["network_metrics"]["overall"] == pytest.approx(network)
