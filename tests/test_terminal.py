@@ -37,7 +37,7 @@ def history(run: dict) -> list[dict]:
 
 def test_train_without_out_writes_runs_source_and_says_where(grown_run):
     assert grown_run["learner"] == grown_run["cwd"] / "runs" / "train"
-    assert "Training std on" in grown_run["train"].stderr and "→ runs/train" in grown_run["train"].stderr
+    assert "Training sb on" in grown_run["train"].stderr and "→ runs/train" in grown_run["train"].stderr
     assert json.loads(grown_run["train"].stdout)["learner"] == "runs/train"
 
 
@@ -86,8 +86,8 @@ def test_progress_is_one_line_per_epoch_when_stderr_is_not_a_terminal(grown_run)
     epochs = [LINE.match(line) for line in lines if line.startswith("step ") and " · phase " in line]
     assert epochs and all(epochs), lines
     phases = [(m[1], m[3]) for m in epochs]
-    # 1 epoch each, STD + WA (a folder's default method) at step 2, then the default balancing's 2 epochs
-    assert phases == [("1", "base"), ("2", "std"), ("2", "balance"), ("2", "balance")]
+    # 1 epoch each, S&B's three phases at step 2, then the default balancing's 2 epochs
+    assert phases == [("1", "base"), ("2", "A"), ("2", "B"), ("2", "C"), ("2", "balance"), ("2", "balance")]
     assert any(line.startswith("step 1 done: 1 classes, accuracy") for line in lines)
     json.loads(grown_run["train"].stdout)  # stdout is the result alone
 
@@ -240,8 +240,8 @@ def test_mlflow_log_holds_the_learners_history(grown_run, monkeypatch):
     accuracy = [m for r in runs for m in client.get_metric_history(r.info.run_id, "step/accuracy")]
     assert [m.step for m in accuracy] == [1, 2, 3]
     assert [m.value for m in accuracy] == pytest.approx([h["metrics"]["overall"] for h in history(grown_run)])
-    assert runs[0].data.params["run.train.epochs"] == "1" and runs[0].data.params["run.method"] == "std"
-    assert runs[1].data.params["method"] == "std"
+    assert runs[0].data.params["run.train.epochs"] == "1" and runs[0].data.params["run.method"] == "sb"
+    assert runs[1].data.params["method"] == "sb"
 
 
 def test_an_unknown_log_or_a_missing_extra_is_refused_before_any_work(color_data, tmp_path, monkeypatch):
