@@ -29,7 +29,7 @@ from sbcli.errors import ConfigError
 # Own-data additions, measured (docs/benchmarks.md): warm-up on, class-balanced fine-tuning on (the paper
 # recipes and `sb bench`: neither); zero-init measured harmful.
 # Warm-up: "auto" is one epoch at lr 0.05 and above (it lifted the first task at lr 0.1) and none below (at lr 0.01
-# it cost the first task 12 points): docs/benchmarks.md, "Own-data defaults".
+# it only shortens the epochs at full rate): docs/benchmarks.md, "Own-data defaults".
 WARMUP_AUTO = "auto"
 GLOBAL_DEFAULTS = {"method": "sb", "arch": "resnet18", "lr": 0.1, "selection": "random", "seed": 0, "order_seed": 0,
                    "warmup_epochs": WARMUP_AUTO, "zero_init_residual": False, "balance_epochs": 2}
