@@ -186,7 +186,11 @@ def test_unknown_repository_or_revision(hub_api):
 def test_the_cli_refuses_in_one_sentence_before_reading_any_data(hub_api, tmp_path):
     publish(hub_api, "timm-like/pickled", {"pytorch_model.bin": b"\x80\x02"})
     out = tmp_path / "never"
-    result = CliRunner().invoke(app, ["train", str(tmp_path / "no-such-folder"), "--arch", "resnet18-in",
+    data = tmp_path / "photos"  # an image that does not decode: had the data been read, that would be the error
+    for name in ("a", "b"):
+        (data / name).mkdir(parents=True)
+        (data / name / "0.png").write_bytes(b"not an image")
+    result = CliRunner().invoke(app, ["train", str(data), "--arch", "resnet18-in",
                                       "--pretrained", "timm-like/pickled", "--out", str(out)])
     assert result.exit_code != 0
     assert "pickle checkpoint" in result.output and "Traceback" not in result.output
