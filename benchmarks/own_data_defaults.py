@@ -35,11 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "tests")]
 from gpu_data import unzip, write_tiny_archive  # noqa: E402
 from own_data_defaults_report import report  # noqa: E402
 from own_data_gpu import Pool, environment  # noqa: E402
 from own_data_jobs import Job  # noqa: E402
+from realdata import DATA_DIR  # noqa: E402  (the one data setting: $SBCLI_TEST_DATA)
 
 TINY_ZIP = "tiny-imagenet-100-32px.zip"
 CIFAR_ZIPS = ("cifar10-500.zip", "cifar10-jpeg.zip")  # the device subset, or the whole set (cut to 500 here)
@@ -195,8 +196,8 @@ def main() -> None:
     parser.add_argument("--study", default="heads", help=f"comma-separated: {', '.join(ORDER)}, or all")
     parser.add_argument("--seeds", default="", help="comma-separated seeds instead of each study's")
     parser.add_argument("--names", default="", help="only the runs whose names match this regular expression")
-    parser.add_argument("--data", type=Path, default=None, help="folder of the archives (default: ../shared/data "
-                        "beside the checkout, else .gpu-data)")
+    parser.add_argument("--data", type=Path, default=None, help="folder of the archives (default: $SBCLI_TEST_DATA, "
+                        "the folder the tests read, else .gpu-data)")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "sbcli-own-defaults")
     parser.add_argument("--out", type=Path, default=None, help="where results.jsonl goes (default: --work)")
     parser.add_argument("--workers", type=int, default=1)
@@ -216,8 +217,7 @@ def main() -> None:
     if args.report:
         print(report(results, [STUDIES[s] for s in studies]))
         return
-    data = args.data or next((p for p in (REPO.parent / "shared" / "data", REPO / ".gpu-data") if p.is_dir()),
-                             REPO / ".gpu-data")
+    data = args.data or next((p for p in (DATA_DIR, REPO / ".gpu-data") if p.is_dir()), REPO / ".gpu-data")
     if args.dry:
         data = args.work / "dry-data"
         data.mkdir(parents=True, exist_ok=True)
