@@ -4,15 +4,15 @@ benchmarks/own_data_gpu.py runs them in parallel on one GPU (or, with ``--dry``,
 Each :class:`Job` is one `sb` command; ``after`` names a job that must have succeeded first.
 The groups (docs/benchmarks.md, "Own data at small budgets"):
 
-- ``retain``: keeping the old classes (point 6): the first 50 classes of the 32 px Tiny-ImageNet-100,
+- ``retain``: keeping the old classes: the first 50 classes of the 32 px Tiny-ImageNet-100,
   250 images a class, 10 tasks of 5, ResNet-18 x0.25, 5 epochs a phase, memory 500, 3 seeds, for
   the variants in :data:`RETAIN_VARIANTS`.
-- ``warmup``: the collapse configuration (point 1): the first 20 classes, 250 a class, 4 tasks of
+- ``warmup``: the collapse configuration: the first 20 classes, 250 a class, 4 tasks of
   5, ResNet-32, batch 128, lr 0.1, 10 epochs a step (S&B phases 4,3,3), memory 500, with and
-  without warm-up; ``val``: the same with ``--val-fraction 0.1`` (point 7).
+  without warm-up; ``val``: the same with ``--val-fraction 0.1``.
 - ``pretrain``/``push``/``cifar``: a ResNet-18 trained on all 100 Tiny-ImageNet-100 classes (32 px),
   pushed with `sb export --to-hub`, then CIFAR-10 at 500 images a class in 5 tasks from it
-  (``--pretrained``) and from scratch, with the folder defaults (point 4).
+  (``--pretrained``) and from scratch, with the folder defaults.
 """
 
 from __future__ import annotations
