@@ -1,6 +1,6 @@
 """What the live progress bars cost the training loop: the same phase with and without them.
 
-Trains one phase of a small network (cross-entropy, no teacher) with :class:`sbcli.engine.Engine`
+Trains one phase of a small network (cross-entropy, no teacher) with :class:`sbcli.engine.loop.Engine`
 in alternating rounds: ``none`` (no progress callback), ``lines`` (one line per epoch) and
 ``live`` (rich bars on a terminal, the engine calling ``on_batch`` after every batch, rendered to
 a string buffer forced to be a terminal). Small batches make the per-batch callback as frequent as
@@ -23,7 +23,7 @@ from rich.console import Console
 
 from sbcli.cli import progress
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.engine import Engine, Phase, TrainConfig
+from sbcli.engine.loop import Engine, Phase, TrainConfig
 from sbcli.nets import create_model
 
 

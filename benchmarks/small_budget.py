@@ -69,7 +69,7 @@ def main() -> None:
 
     from sbcli import api
     from sbcli.cli.runs import _phase_epochs
-    from sbcli.engine import TrainConfig
+    from sbcli.engine.loop import TrainConfig
 
     torch.set_num_threads(1)
     train_dir, test_dir = build_folder(args.zip, args.work / f"c{args.classes}-n{args.per_class}", args.classes,

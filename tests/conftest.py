@@ -85,7 +85,7 @@ def sgd_lrs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def one_task_learner(color_data, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A saved learner of one task (red, green; std, width 0.125, 1 epoch, memory 8): read it, never write it."""
     from sbcli import api
-    from sbcli.engine import TrainConfig
+    from sbcli.engine.loop import TrainConfig
 
     out = tmp_path_factory.mktemp("learners") / "colors"
     run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")

@@ -1,5 +1,5 @@
 """Keeping old classes at small budgets: ``--incremental-lr`` (the lr of later steps) and
-``--balance-epochs`` (class-balanced fine-tuning on the memory, sbcli.balance)."""
+``--balance-epochs`` (class-balanced fine-tuning on the memory, sbcli.methods.balance)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from sbcli import api
-from sbcli.balance import balanced_finetune
+from sbcli.methods.balance import balanced_finetune
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.engine import Engine, Phase, TrainConfig, phase_lr
+from sbcli.engine.loop import Engine, Phase, TrainConfig, phase_lr
 from sbcli.errors import ConfigError
-from sbcli.losses import ce_loss
+from sbcli.methods.losses import ce_loss
 from sbcli.nets import create_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -95,7 +95,7 @@ def test_the_cli_takes_them_and_refuses_a_negative_one_before_any_work(tmp_path:
 def test_own_data_runs_balance_by_default_and_the_paper_recipes_and_sb_bench_do_not(tmp_path: Path):
     from sbcli.cli import runs
     from sbcli.cli import train as train_cmd
-    from sbcli.config import bench_defaults
+    from sbcli.config.options import bench_defaults
 
     given = {name: None for name in ("recipe", "source", "out")} | {"out": str(tmp_path / "x")}
     for source in (None, "photos"):
@@ -122,7 +122,7 @@ def test_bic_drops_the_default_balancing_and_refuses_an_asked_one(tmp_path: Path
 
 
 def test_the_plan_counts_the_balancing_epochs_of_every_later_step():
-    from sbcli.plan import sequence_epochs
+    from sbcli.run.plan import sequence_epochs
 
     assert sequence_epochs("std", {"inference": "wa"}, 3, [2, 2, 2], balance=2) == [3, 5, 5]
     assert sequence_epochs("std", {"inference": "bic"}, 3, [2, 2, 2], balance=2) == [3, 3, 3]

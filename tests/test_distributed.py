@@ -18,12 +18,13 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from sbcli import api, distributed
+from sbcli import api
+from sbcli.engine import distributed
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.distributed import DistInfo
-from sbcli.engine import Engine, Phase, TrainConfig
-from sbcli.learner import FORMAT_VERSION, Learner
-from sbcli.losses import kd_ce_loss
+from sbcli.engine.distributed import DistInfo
+from sbcli.engine.loop import Engine, Phase, TrainConfig
+from sbcli.learner.state import FORMAT_VERSION, Learner
+from sbcli.methods.losses import kd_ce_loss
 from sbcli.nets import create_model
 
 WORLD = 2

@@ -77,7 +77,7 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 def test_the_graph_sees_lazy_and_package_imports() -> None:
     graph = import_graph()
-    assert "sbcli.export.onnx" in graph["sbcli.api_out"]  # imported inside a function
+    assert "sbcli.export.onnx" in graph["sbcli.api.out"]  # imported inside a function
     assert "sbcli.data.sources" in graph["sbcli.data.catalog"]  # `from sbcli.data import sources`
 
 

@@ -15,14 +15,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sbcli import api, inference
+from sbcli import api
+from sbcli.methods import inference
 from sbcli.cli.app import app
 from sbcli.data.sources import load_folder
-from sbcli.engine import Engine, TrainConfig
+from sbcli.engine.loop import Engine, TrainConfig
 from sbcli.errors import ConfigError, ExportError
 from sbcli.export import onnx as onnx_export
-from sbcli.learner import Learner, LearnerState
-from sbcli.memory import ExemplarMemory
+from sbcli.learner.state import Learner, LearnerState
+from sbcli.methods.memory import ExemplarMemory
 from sbcli.methods import build_config, list_methods
 from sbcli.nets import create_model
 

@@ -9,12 +9,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sbcli import api, selection
+from sbcli import api
+from sbcli.engine import selection
 from sbcli.cli.app import app
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.engine import Engine, Phase, TrainConfig
+from sbcli.engine.loop import Engine, Phase, TrainConfig
 from sbcli.errors import ConfigError
-from sbcli.losses import ce_loss
+from sbcli.methods.losses import ce_loss
 from sbcli.nets import create_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

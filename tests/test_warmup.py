@@ -1,4 +1,4 @@
-"""Stable early training: the learning-rate warm-up (sbcli.schedule, in the engine) and zero-initialised
+"""Stable early training: the learning-rate warm-up (sbcli.engine.schedule, in the engine) and zero-initialised
 residual BNs (``zero_init_residual``); both recorded in the learner, off in the paper recipes."""
 
 from __future__ import annotations
@@ -14,12 +14,12 @@ from sbcli import api
 from sbcli.cli import runs
 from sbcli.cli import train as train_cmd
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.engine import Engine, Phase, TrainConfig
+from sbcli.engine.loop import Engine, Phase, TrainConfig
 from sbcli.errors import ConfigError
-from sbcli.losses import ce_loss
+from sbcli.methods.losses import ce_loss
 from sbcli.nets import create_model
 from sbcli.nets.resnet import BasicBlock
-from sbcli.schedule import make_schedule, steps_per_epoch
+from sbcli.engine.schedule import make_schedule, steps_per_epoch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -46,7 +46,7 @@ IncrementalLrOpt = Annotated[Optional[float], typer.Option("--incremental-lr", h
 BalanceEpochsOpt = Annotated[Optional[int], typer.Option("--balance-epochs", help="After each later step, fine-tune this many epochs on the class-balanced exemplar memory (default 0: none).", rich_help_panel=OPT, show_default=False)]
 BalanceLrOpt = Annotated[Optional[float], typer.Option("--balance-lr", help="Learning rate of that fine-tuning (default 0.01).", rich_help_panel=OPT, show_default=False)]
 
-# The engine's other settings (sbcli.engine.TrainConfig), in `sb train` and `sb bench`; unset: the authors' values.
+# The engine's other settings (sbcli.engine.loop.TrainConfig), in `sb train` and `sb bench`; unset: the authors' values.
 MomentumOpt = Annotated[Optional[float], typer.Option("--momentum", help="SGD momentum (default 0.9).", rich_help_panel=OPT, show_default=False)]
 NesterovOpt = Annotated[Optional[bool], typer.Option("--nesterov/--no-nesterov", help="Nesterov momentum (default on, as in the authors' code).", rich_help_panel=OPT, show_default=False)]
 WeightDecayOpt = Annotated[Optional[float], typer.Option("--weight-decay", help="L2 weight decay on every parameter (default 5e-4).", rich_help_panel=OPT, show_default=False)]

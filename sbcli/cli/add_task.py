@@ -50,12 +50,14 @@ def add_task(
     json_out: JsonOpt = False,
 ) -> None:
     """Add a new class set to a learner (the learner is rewritten only when the step is done)."""
-    from sbcli import api, distributed, loggers
+    from sbcli import api
+    from sbcli.engine import distributed
+    from sbcli.run import loggers
     from sbcli.cli import progress, render
     from sbcli.cli.runs import closing_line, keeping_hint
-    from sbcli.learner import read_state
+    from sbcli.learner.state import read_state
     from sbcli.metrics import history_summary
-    from sbcli.plan import actual_epochs
+    from sbcli.run.plan import actual_epochs
 
     main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
     loggers.check_kinds(log or [])

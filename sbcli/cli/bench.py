@@ -42,7 +42,7 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 def build_plan(o: dict) -> Any:
     """The BenchPlan of the command's options (None: the default), through the config layer."""
     from sbcli.bench import PAPER_ORDER, BenchPlan
-    from sbcli.config import bench_defaults, build_options
+    from sbcli.config.options import bench_defaults, build_options
 
     o = dict(o)
     methods, tasks, rho = o.pop("methods"), o.pop("tasks"), o.pop("rho")

@@ -2,7 +2,7 @@
 
 - ``live`` (stderr is a terminal): rich bars, one per phase (batches of every epoch, loss,
   images/s, precision) under two overall bars, the step and the whole sequence, each with an ETA
-  from the epochs already run and the planned epochs still to come (:mod:`sbcli.plan`).
+  from the epochs already run and the planned epochs still to come (:mod:`sbcli.run.plan`).
 - ``lines`` (logs, CI, pipes): one line per epoch (every ``every`` epochs and the last of each
   phase) with the same numbers and both ETAs, and a line per finished step.
 - ``quiet`` (``--quiet``): nothing.
@@ -96,7 +96,7 @@ class Reporter:
         self.every = max(1, every)
         self.timeline = Timeline()
         self.title = "sequence"
-        self.logs: list[Any] = []  # experiment logs (sbcli.loggers), told every epoch and step, closed at exit
+        self.logs: list[Any] = []  # experiment logs (sbcli.run.loggers), told every epoch and step, closed at exit
         self.open_logs: Callable[[], list[Any]] | None = None  # opens them once the run's input is checked (on_plan)
 
     def __enter__(self) -> Reporter:
@@ -107,13 +107,13 @@ class Reporter:
             log.close()
 
     def __call__(self, event: Any) -> None:
-        """An epoch ended (:class:`sbcli.engine.ProgressEvent`)."""
+        """An epoch ended (:class:`sbcli.engine.loop.ProgressEvent`)."""
         self.show(event)
         for log in self.logs:
             log.epoch(event)
 
     def step(self, summary: Any) -> None:
-        """A step ended and was saved (:class:`sbcli.steps.StepSummary`)."""
+        """A step ended and was saved (:class:`sbcli.run.steps.StepSummary`)."""
         self.show_step(summary)
         for log in self.logs:
             log.step(summary)

@@ -1,4 +1,4 @@
-"""Run a `sb train` sequence, rendering as it goes (the options become configs in :mod:`sbcli.config`)."""
+"""Run a `sb train` sequence, rendering as it goes (the options become configs in :mod:`sbcli.config.options`)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,16 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.cli import render
-from sbcli.config import build_options, merge  # noqa: F401  (their old home; the config layer owns them)
+from sbcli.config.options import build_options, merge  # noqa: F401  (their old home; the config layer owns them)
 
 
 def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool, quiet: bool = False,
                  log: list[str] | None = None, keep: int | None = None) -> None:
     import dataclasses
 
-    from sbcli import api, distributed, loggers
+    from sbcli import api
+    from sbcli.engine import distributed
+    from sbcli.run import loggers
     from sbcli.cli import progress
     from sbcli.metrics import history_summary
 

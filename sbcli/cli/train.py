@@ -34,8 +34,8 @@ EPILOG = """Examples:
 """
 
 def defaults_for(source: str | None) -> dict:
-    """A source's defaults; they live in :func:`sbcli.config.defaults_for` (this name is kept for its callers)."""
-    from sbcli.config import defaults_for as config_defaults
+    """A source's defaults; they live in :func:`sbcli.config.options.defaults_for` (this name is kept for its callers)."""
+    from sbcli.config.options import defaults_for as config_defaults
 
     return config_defaults(source)
 
@@ -76,8 +76,8 @@ def train(
 ) -> None:
     """Start a learner: learn a task sequence and save it after every step."""
     from sbcli.cli.runs import run_training
-    from sbcli.config import build_options
-    from sbcli.rundirs import output_dir
+    from sbcli.config.options import build_options
+    from sbcli.run.rundirs import output_dir
 
     given = {k: v for k, v in locals().items() if k not in ("json_out", "run_options", "log", "quiet", "keep")}
     seq, run, out_dir = build_options({**given, **run_options})

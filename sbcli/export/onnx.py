@@ -2,7 +2,7 @@
 
 The graph: float32 RGB images in [0, 1], NCHW at the training resolution with a dynamic batch
 axis (input ``images``) -> the learner's normalisation -> its scoring module from
-:func:`sbcli.inference.scoring_module` (the network with WA folded into the head, or a
+:func:`sbcli.methods.inference.scoring_module` (the network with WA folded into the head, or a
 registered rule such as BiC or nearest-mean with its tensors as constants) -> scores over every
 class seen, in the learner's label order (output ``logits``).
 
@@ -37,8 +37,8 @@ from torch import nn
 from sbcli import __version__
 from sbcli.data.device import Normalization
 from sbcli.errors import ExportError
-from sbcli.inference import scoring_module
-from sbcli.learner import Learner
+from sbcli.methods.inference import scoring_module
+from sbcli.learner.state import Learner
 from sbcli.methods import config_from_json
 from sbcli.serve import preprocess
 from sbcli.serve.providers import require_onnxruntime

@@ -26,7 +26,7 @@ from typing import Any
 
 from sbcli.errors import ConfigError, ExportError
 from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, current_umask, export_onnx
-from sbcli.learner import Learner
+from sbcli.learner.state import Learner
 
 LABELS_FILE = "labels.txt"
 CONFIG_FILE = "config.pbtxt"

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from sbcli.data.device import DeviceData
-from sbcli.engine import Engine, PhaseReport
+from sbcli.engine.loop import Engine, PhaseReport
 from sbcli.errors import ConfigError
 from sbcli.metrics import StepMetrics
 from sbcli.nets.resnet import IncrementalResNet

@@ -20,9 +20,9 @@ import torch
 from torch import nn
 
 from sbcli.data.device import DeviceData
-from sbcli.engine import Phase, PhaseReport, StepOutputs
+from sbcli.engine.loop import Phase, PhaseReport, StepOutputs
 from sbcli.errors import ConfigError
-from sbcli.losses import ce_loss, kd_loss
+from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods.base import TaskContext, TaskResult, register_method
 from sbcli.methods.common import ce, head_rules_phase, learn_first_task, run_with_wa
 

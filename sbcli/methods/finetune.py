@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sbcli.engine import Phase
+from sbcli.engine.loop import Phase
 from sbcli.errors import ConfigError
 from sbcli.methods.base import TaskContext, TaskResult, register_method
 from sbcli.methods.common import ce, learn_first_task

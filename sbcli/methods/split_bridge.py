@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from sbcli.engine import LossFn, Phase, StepOutputs
+from sbcli.engine.loop import LossFn, Phase, StepOutputs
 from sbcli.errors import ConfigError
-from sbcli.losses import kd_loss, localized_ce
+from sbcli.methods.losses import kd_loss, localized_ce
 from sbcli.methods.base import TaskContext, TaskResult, register_method
 from sbcli.methods.common import frozen_copy, kd_ce, learn_first_task, weight_align, zero_head_bias
 from sbcli.nets.partition import (

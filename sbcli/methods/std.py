@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import torch
 
-from sbcli.engine import Phase, StepOutputs
+from sbcli.engine.loop import Phase, StepOutputs
 from sbcli.errors import ConfigError
-from sbcli.losses import ce_loss, kd_loss
+from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods.base import TaskContext, TaskResult, register_method
 from sbcli.methods.bic import BiasTraining, learn_bic_step
 from sbcli.methods.common import kd_ce, learn_first_task, run_with_wa

@@ -128,7 +128,7 @@ class TorchClassifier:
     def scores(self, images: np.ndarray) -> np.ndarray:
         import torch
 
-        from sbcli.device import exact_float32
+        from sbcli.engine.device import exact_float32
 
         with torch.no_grad(), exact_float32(self.device):
             return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
@@ -162,9 +162,9 @@ def open_onnx(path: Path, provider: str = "auto", threads: int | None = None) ->
 
 def open_learner(path: Path, device: str = "auto") -> TorchClassifier:
     """A learner directory in PyTorch on ``device`` (imports torch)."""
-    from sbcli.device import resolve_device
+    from sbcli.engine.device import resolve_device
     from sbcli.export.onnx import serving_model
-    from sbcli.learner import Learner
+    from sbcli.learner.state import Learner
 
     dev = resolve_device(device)
     learner = Learner.load(path, "cpu")
