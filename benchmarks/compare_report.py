@@ -19,7 +19,7 @@ from sbcli.metrics import average_incremental  # noqa: E402
 
 ROWS = ("sb-wa", "std-wa", "std-wa-equal")
 LABELS = {"sb-wa": "S&B + WA", "std-wa": "STD + WA", "std-wa-equal": "STD + WA, S&B's epochs per step"}
-# The paper's S&B + WA minus STD + WA at 10 tasks (average over steps 2..T; spec section 9)
+# The paper's S&B + WA minus STD + WA at 10 tasks (average over steps 2..T; docs/method.md §9)
 PAPER_DIFF_10 = {
     "CIFAR-100, 10 tasks of 10 classes, 32 px": PAPER_TABLE1["cifar100"]["sb-wa"][2] - PAPER_TABLE1["cifar100"]["std-wa"][2],
     "Tiny-ImageNet (200 classes), 10 tasks of 20, 64 px": (PAPER_TABLE1["tiny-imagenet"]["sb-wa"][2]

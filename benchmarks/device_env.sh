@@ -1,7 +1,7 @@
-# Sourced by the scripts that run on a lent GPU machine (gpu_check.sh, own_data_gpu.sh), from the
-# repository root: sets $out ($OUT, the folder the device tool brings back, else ./gpu-results) and
-# $py, installs the carried wheels (.whl/, see /work/.library/device/README.md) into /tmp/site,
-# and puts them and the checkout on PYTHONPATH.
+# Sourced by the scripts that run on a machine with a GPU (gpu_check.sh, own_data_gpu.sh), from the
+# repository root: sets $out ($OUT if set, else ./gpu-results) and $py, installs the wheels in .whl/
+# (for a machine without a package index) into /tmp/site, and puts them and the checkout on
+# PYTHONPATH.
 out="${OUT:-$PWD/gpu-results}"
 mkdir -p "$out"
 py="${PYTHON:-python3}"

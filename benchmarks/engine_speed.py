@@ -19,7 +19,7 @@ one run:
 The two loops are measured in alternating rounds (engine, reference, engine, ...) so that a
 shared, busy machine slows both alike; the median rate of each is reported. From the engine's
 rate the script projects the wall time of the paper's full CIFAR-100 schedules (2/5/10/20 tasks,
-spec section 6): step 1 is 200 epochs on 50,000 / T images, a split step three phases of 200
+docs/method.md §6): step 1 is 200 epochs on 50,000 / T images, a split step three phases of 200
 epochs on 50,000 / T images plus the 2,000 exemplars, an unsplit step (bf = 1) one such phase.
 Every image-epoch is costed at the measured phase-C rate (teacher included), which slightly
 overstates step 1 (no teacher there) and understates phase A (its sparsity penalty).
@@ -58,12 +58,15 @@ from sbcli.methods.split_bridge import bridge_loss
 from sbcli.nets import create_model
 from sbcli.nets.partition import make_partition
 
-CIFAR10_ZIP = Path(__file__).resolve().parents[2] / "shared" / "data" / "cifar10-jpeg.zip"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from realdata import archive_path  # noqa: E402  (the one data setting: $SBCLI_TEST_DATA)
+
+CIFAR10_ZIP = archive_path("cifar10-jpeg.zip")
 CIFAR100_TRAIN = 50_000  # images: 100 classes x 500
 CIFAR100_CLASSES = 100
 PAPER_MEMORY = 2_000
 PAPER_EPOCHS = 200
-# spec section 6: rho per number of equal tasks on CIFAR-100
+# docs/method.md §6: rho per number of equal tasks on CIFAR-100
 PAPER_RHO = {2: 1.0, 5: 1.35, 10: 1.15, 20: 1.0}
 LAMBDA = 0.5  # phase C with half the classes old
 
@@ -356,7 +359,7 @@ class StepCost:
 
 def paper_schedule(tasks: int, rho: float, classes: int = CIFAR100_CLASSES, train_images: int = CIFAR100_TRAIN,
                    memory: int = PAPER_MEMORY, epochs: int = PAPER_EPOCHS) -> list[StepCost]:
-    """The steps of Split-and-Bridge on ``tasks`` equal tasks (spec section 6).
+    """The steps of Split-and-Bridge on ``tasks`` equal tasks (docs/method.md §6).
 
     A later step is split (phases A, B, C) when the partition of a full-width ResNet-18 with its
     C_old and C_total leaves both groups non-empty, else it is one phase (bf = 1).

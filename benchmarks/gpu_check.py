@@ -1,23 +1,27 @@
-"""One command for a lent GPU machine: environment, ``pytest -m gpu``, the engine benchmark, a profile, a real run.
+"""One command for a machine with a GPU: environment, ``pytest -m gpu``, the engine benchmark, a profile, a real run.
 
-Run it through ``benchmarks/gpu_check.sh`` (which installs carried wheels, if any, and keeps a
-log); docs/performance.md ("On a GPU") gives the exact device call. Steps, each recorded in
+Run it through ``benchmarks/gpu_check.sh`` (which installs the wheels in ``.whl/``, if any, and
+keeps a log); docs/performance.md ("On a GPU") gives the command. Steps, each recorded in
 ``results.json`` and ``results.md`` under ``--out`` as soon as it ends (a run stopped at its time
 limit keeps what it finished):
 
 1. ``env``: Python, torch, CUDA, the GPU, cuDNN and NCCL versions; the packages sbcli needs
    (imported, with versions; WebP decoding for the data) and ``python -m sbcli --help``.
 2. ``tests``: ``pytest -m gpu`` (every CUDA path; tests/test_gpu.py), counts, failures, skip reasons.
-3. ``bench``: benchmarks/engine_speed.py at 32 px, ResNet-18 width 1.0, batch 256, bf16: the engine
-   with a teacher (an incremental step) and without (a first step), and the reference loop, side
-   by side, against the targets (>= 40,000 img/s with a teacher, >= 10x the reference).
+3. ``bench``, ``bench512``: benchmarks/engine_speed.py at 32 px, ResNet-18 width 1.0, batch 256 and 512,
+   bf16: the engine with a teacher (an incremental step) and without (a first step), and the reference
+   loop, side by side, against the targets (>= 60,000 img/s with a teacher, >= 80,000 without, >= 10x
+   the reference).
 4. ``profile`` (when the engine misses its target, or ``--profile yes``): torch.profiler over one
    epoch of a teacher-guided phase: the top operators by device time and how busy the GPU was.
-5. ``sequence``: the real 10-task run on the 32 px Tiny-ImageNet-100 (benchmarks/paper_compare.py):
+5. ``ddp``: ``torchrun --nproc-per-node N -m sbcli train`` over every GPU there (NCCL; N = 1 is still
+   a real process group), then ``sb add-task`` of the same learner in one process
+   (benchmarks/gpu_ddp.py).
+6. ``sequence``: the real 10-task run on the 32 px Tiny-ImageNet-100 (benchmarks/paper_compare.py):
    ``compare`` (default) trains S&B + WA, STD + WA and, if it fits, the equal-compute control, with
    the epochs that fit the time left; ``sb`` trains S&B + WA alone; ``none`` skips it.
 
-``--dry`` runs the same steps at tiny sizes on whatever device there is (the CPU here), on a
+``--dry`` runs the same steps at tiny sizes on whatever device there is (the CPU without a GPU), on a
 generated archive of the same layout: tests/test_gpu_check.py runs it.
 """
 
@@ -25,11 +29,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
-import importlib.metadata
 import json
 import os
-import platform
 import subprocess
 import sys
 import threading
@@ -40,12 +41,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
-from gpu_check_report import TARGET_IMG_S, TARGET_X_REF, markdown  # noqa: E402
+from gpu_check_report import TARGET_IMG_S, TARGET_NO_TEACHER_IMG_S, TARGET_X_REF, markdown  # noqa: E402
 from gpu_data import travel_size  # noqa: E402
-
-PACKAGES = {"torch": "torch", "torchvision": "torchvision", "typer": "typer", "rich": "rich", "numpy": "numpy",
-            "PIL": "pillow", "safetensors": "safetensors", "onnx": "onnx", "onnxscript": "onnxscript",
-            "onnxruntime": "onnxruntime", "pytest": "pytest", "matplotlib": "matplotlib"}
+from gpu_env import environment  # noqa: E402
 
 
 @dataclass
@@ -53,7 +51,7 @@ class CheckConfig:
     out: Path
     data: Path
     work: Path
-    budget_s: float = 540.0  # the whole check; keep it under the device call's timeout_s
+    budget_s: float = 540.0  # the whole check, seconds; keep it under any time limit the machine has
     dry: bool = False
     skip: tuple[str, ...] = ()
     bench_seconds: float = 3.0
@@ -123,32 +121,6 @@ def run_logged(cmd: list[str], timeout: float) -> tuple[int, str, float]:
 # ---------------------------------------------------------------------------------------------
 
 
-def environment() -> dict:
-    import torch
-
-    env = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "cuda_available": torch.cuda.is_available(), "cpus": os.cpu_count(), "packages": {}, "missing": []}
-    if torch.cuda.is_available():
-        env["gpus"] = [{"name": torch.cuda.get_device_name(i), "capability": list(torch.cuda.get_device_capability(i)),
-                        "memory_gib": round(torch.cuda.get_device_properties(i).total_memory / 2**30, 1)}
-                       for i in range(torch.cuda.device_count())]
-        env["cudnn"] = torch.backends.cudnn.version()
-        env["nccl"] = str(torch.cuda.nccl.version()) if torch.distributed.is_nccl_available() else None
-        env["bf16"] = torch.cuda.is_bf16_supported(including_emulation=False)
-    for module, dist in PACKAGES.items():
-        try:
-            importlib.import_module(module)
-            env["packages"][dist] = importlib.metadata.version(dist)
-        except Exception as err:  # noqa: BLE001  (any import failure is what we report)
-            env["missing"].append(f"{dist} ({type(err).__name__}: {err})")
-    from PIL import features
-
-    env["webp"] = bool(features.check("webp"))
-    code, output, _ = run_logged([sys.executable, "-m", "sbcli", "--help"], 60)
-    env["sbcli_help"] = "ok" if code == 0 else f"exit {code}: {output[-500:]}"
-    return env
-
-
 # ---------------------------------------------------------------------------------------------
 # 2. pytest -m gpu
 # ---------------------------------------------------------------------------------------------
@@ -215,21 +187,22 @@ def step_flops(width: float, image_size: int, classes: int) -> dict:
     return {"forward_gflop": fwd / 1e9, "no_teacher_gflop": fwd_bwd / 1e9, "with_teacher_gflop": (fwd_bwd + fwd) / 1e9}
 
 
-def bench_args(cfg: CheckConfig, out: Path) -> list[str]:
+def bench_args(cfg: CheckConfig, out: Path, batch: int = 256) -> list[str]:
     if cfg.dry:
-        size = ["--width", "0.125", "--batch-size", "16", "--image-size", "16", "--classes", "4", "--images", "64",
-                "--seconds", "0.3", "--rounds", "1", "--threads", "1"]
+        size = ["--width", "0.125", "--batch-size", str(batch // 16), "--image-size", "16", "--classes", "4",
+                "--images", "64", "--seconds", "0.3", "--rounds", "1", "--threads", "1"]
     else:
-        size = ["--device", "cuda", "--width", "1.0", "--batch-size", "256", "--image-size", "32", "--classes", "100",
-                "--images", "10000", "--seconds", str(cfg.bench_seconds), "--rounds", str(cfg.bench_rounds)]
+        size = ["--device", "cuda", "--width", "1.0", "--batch-size", str(batch), "--image-size", "32", "--classes",
+                "100", "--images", str(max(10000, 40 * batch)), "--seconds", str(cfg.bench_seconds), "--rounds",
+                str(cfg.bench_rounds)]
     return [sys.executable, "benchmarks/engine_speed.py", *size, "--data", "random", "--precision", "auto",
             "--without-teacher", "--json", str(out)]
 
 
-def engine_bench(check: Check, compiled: bool = False) -> dict:
-    """The benchmark's rows against the targets; ``compiled``: a second run with ``--compile`` (one round)."""
-    out = check.cfg.work / ("engine_speed_compile.json" if compiled else "engine_speed.json")
-    cmd = bench_args(check.cfg, out) + (["--compile", "--rounds", "1"] if compiled else [])
+def engine_bench(check: Check, compiled: bool = False, batch: int = 256) -> dict:
+    """The benchmark's rows against the targets at ``batch``; ``compiled``: with ``--compile`` (one round)."""
+    out = check.cfg.work / f"engine_speed{'_compile' if compiled else ''}_b{batch}.json"
+    cmd = bench_args(check.cfg, out, batch) + (["--compile", "--rounds", "1"] if compiled else [])
     code, output, seconds = run_logged(cmd, timeout=min(300.0, max(30.0, check.left() - 150)))
     result = {"command": " ".join(cmd[1:]), "exit_code": code, "seconds": round(seconds, 1)}
     if code != 0 or not out.is_file():
@@ -243,11 +216,16 @@ def engine_bench(check: Check, compiled: bool = False) -> dict:
     rows.append({"name": "reference", "img_s": ref, "x_reference": 1.0})
     for row in rows:
         row["tflop_s"] = row["img_s"] * per_image(row["name"]) / 1e3
-    teacher = next(r for r in rows if "no teacher" not in r["name"])
+    teacher = next(r for r in rows if "no teacher" not in r["name"] and r["name"] != "reference")
+    first = next((r for r in rows if "no teacher" in r["name"]), None)
+    without = first["img_s"] if first else None
     ten = next(s for s in report["schedules"] if s["tasks"] == 10)
-    return result | {"hardware": report["hardware"], "torch": report["torch"], "rows": rows,
-                     "with_teacher_img_s": teacher["img_s"], "target_img_s": TARGET_IMG_S,
-                     "meets_target": teacher["img_s"] >= TARGET_IMG_S and teacher["x_reference"] >= TARGET_X_REF,
+    meets = (teacher["img_s"] >= TARGET_IMG_S and teacher["x_reference"] >= TARGET_X_REF
+             and (without is None or without >= TARGET_NO_TEACHER_IMG_S))
+    return result | {"hardware": report["hardware"], "torch": report["torch"], "rows": rows, "batch_size": batch,
+                     "with_teacher_img_s": teacher["img_s"], "without_teacher_img_s": without,
+                     "target_img_s": TARGET_IMG_S, "target_no_teacher_img_s": TARGET_NO_TEACHER_IMG_S,
+                     "meets_target": meets,
                      "paper_cifar100_10_tasks_hours": ten["hours"], "batches_per_round": report["batches_per_round"],
                      "flops_per_image": flops}
 
@@ -305,6 +283,22 @@ def gpu_busy_s(prof) -> float | None:
 # ---------------------------------------------------------------------------------------------
 
 
+def ddp(check: Check) -> dict:
+    """torchrun over every GPU (NCCL), then one process goes on (benchmarks/gpu_ddp.py); gloo on the CPU when dry."""
+    import torch
+    from gpu_data import DATA_NAME, unpack, write_tiny_archive
+    from gpu_ddp import ddp_check
+
+    cfg = check.cfg
+    archive = write_tiny_archive(cfg.work / "tiny.zip") if cfg.dry else cfg.data
+    if not archive.is_file():
+        return {"skipped": f"{archive} is missing (copy {DATA_NAME}.zip from the data folder there first)"}
+    train, test = unpack(archive, cfg.work / "data")
+    cuda = torch.cuda.is_available() and not cfg.dry
+    nproc, device = (torch.cuda.device_count(), "cuda") if cuda else (1, "cpu")
+    return ddp_check(run_logged, cfg.work, train, test, nproc, device, timeout=min(240.0, max(60.0, check.left() - 60)))
+
+
 def sequence(check: Check) -> dict:
     import paper_compare as pc
     from gpu_data import DATA_NAME, unpack, write_tiny_archive
@@ -312,7 +306,7 @@ def sequence(check: Check) -> dict:
     cfg = check.cfg
     archive = write_tiny_archive(cfg.work / "tiny.zip") if cfg.dry else cfg.data
     if not archive.is_file():
-        return {"skipped": f"{archive} is missing (copy ../shared/data/{DATA_NAME}.zip there before the call)"}
+        return {"skipped": f"{archive} is missing (copy {DATA_NAME}.zip from the data folder there first)"}
     train, test = unpack(archive, cfg.work / "data")
     budget = check.left() - 20
     if budget < (30 if cfg.dry else 120):
@@ -326,7 +320,7 @@ def sequence(check: Check) -> dict:
     return pc.run_compare(compare, cfg.work / "runs", prefix=None, on_report=lambda rep: check.record("sequence", rep))
 
 
-STEPS = ("env", "tests", "bench", "compile", "profile", "sequence")
+STEPS = ("env", "tests", "bench", "bench512", "compile", "profile", "ddp", "sequence")
 
 
 def run(cfg: CheckConfig) -> dict:
@@ -334,7 +328,9 @@ def run(cfg: CheckConfig) -> dict:
     cfg.work.mkdir(parents=True, exist_ok=True)
     check.results["config"] = {k: str(v) for k, v in dataclasses.asdict(cfg).items()}
     actions = {"env": environment, "tests": lambda: gpu_tests(check), "bench": lambda: engine_bench(check),
+               "bench512": lambda: engine_bench(check, batch=512),
                "compile": lambda: engine_bench(check, compiled=True), "profile": lambda: profile(check),
+               "ddp": lambda: ddp(check),
                "sequence": lambda: sequence(check)}
     for step in STEPS:
         off = (step == "sequence" and cfg.sequence == "none") or (step == "compile" and not cfg.bench_compile)
@@ -376,7 +372,7 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
     p.add_argument("--flops", action="store_true",
                    help="print the FLOPs per image of the benchmark's training steps (CPU, a second) and exit")
     p.add_argument("--travel-size", action="store_true",
-                   help="run here before the device call: print what it would send (MiB, of 64) and exit")
+                   help="before copying the checkout to a GPU machine: print what the copy weighs (MiB, of 64) and exit")
     a = p.parse_args(argv)
     skip = tuple(s for s in a.skip.split(",") if s)
     unknown = set(skip) - set(STEPS)
@@ -393,7 +389,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(step_flops(1.0, 32, 100)))  # the benchmark's network: ResNet-18, 32 px, 100 classes
         return
     if "--travel-size" in (sys.argv[1:] if argv is None else argv):
-        size = travel_size(REPO, [".gpu-data", ".whl"])  # run here, before the device call
+        size = travel_size(REPO, [".gpu-data", ".whl"])  # before copying the checkout to the GPU machine
         print(json.dumps(size))
         sys.exit(0 if size["fits"] else 1)
     cfg = parse(argv)

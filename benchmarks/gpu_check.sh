@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check in one command (docs/performance.md, "On a GPU"): results.json, results.md and
-# log.txt go to $OUT (the folder the device tool brings back), else ./gpu-results.
-# Carried wheels (.whl/, see /work/.library/device/README.md) are installed first, if there are any.
+# log.txt go to $OUT if set, else ./gpu-results. Wheels in .whl/ (for a machine without a package
+# index) are installed first, if there are any.
 # Any argument is passed on to benchmarks/gpu_check.py (e.g. --dry, --skip sequence, --budget-s 540).
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 1

@@ -1,8 +1,8 @@
-"""The data and the files of a GPU machine's run: the 32 px Tiny-ImageNet-100 archive, and what travels.
+"""The data and the files of a GPU machine's run: the 32 px Tiny-ImageNet-100 archive, and what is copied there.
 
-The archive (``../shared/data/tiny-imagenet-100-32px.zip``, class-per-folder WebP) travels to the
-GPU machine in the ignored folder ``.gpu-data/`` of the checkout (docs/performance.md, "On a GPU");
-:func:`travel_size` says beforehand, here, whether the call stays under its 64 MiB.
+The archive (``tiny-imagenet-100-32px.zip``, class-per-folder WebP) goes to the GPU machine in the
+ignored folder ``.gpu-data/`` of the checkout (docs/performance.md, "On a GPU"); where the checkout
+is copied to that machine with a size limit, :func:`travel_size` says beforehand whether it fits.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def write_tiny_archive(path: Path, classes: int = 6, train: int = 12, test: int 
 
 
 def travel_size(repo: Path, carry: list[str]) -> dict:
-    """What a device call would send: tracked and untracked-not-ignored files plus the carried paths (bytes)."""
+    """What copying the checkout sends: tracked and untracked-not-ignored files plus the extra paths (bytes)."""
     listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=repo, capture_output=True,
                             check=True).stdout.decode().split("\0")
     tree = sum((repo / f).stat().st_size for f in listed if f and (repo / f).is_file())
@@ -70,8 +70,8 @@ def write_subset(archive: Path, dest: Path, train_per_class: int | None, test_pe
     """A class-per-folder archive of ``archive``'s first ``train_per_class`` training (and
     ``test_per_class`` test) files of every class, in file-name order, its bytes as they are.
 
-    For an issue-15 device call: CIFAR-10 at "a few hundred photos a class" (500) travels beside the
-    32 px Tiny-ImageNet-100 archive under the 64 MiB limit (``travel_size``).
+    For the own-data GPU runs: CIFAR-10 at "a few hundred photos a class" (500) fits beside the 32 px
+    Tiny-ImageNet-100 archive under a 64 MiB copy limit (``travel_size``).
     """
     limits = {"train": train_per_class, "test": test_per_class}
     with zipfile.ZipFile(archive) as src, zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as out:

@@ -1,9 +1,9 @@
-"""Issue 15's measurements in one command: many small `sb` runs side by side on one GPU.
+"""The own-data measurements in one command: many small `sb` runs side by side on one GPU.
 
-    bash benchmarks/own_data_gpu.sh --budget-s 450        # on a lent GPU machine (docs/benchmarks.md)
-    PYTHONPATH=. python benchmarks/own_data_gpu.py --dry   # the same flow, tiny, on this CPU
+    bash benchmarks/own_data_gpu.sh --budget-s 450        # on a machine with a GPU (docs/benchmarks.md)
+    PYTHONPATH=. python benchmarks/own_data_gpu.py --dry   # the same flow, tiny, on the CPU
 
-The data travel in ``.gpu-data/``: the 32 px Tiny-ImageNet-100 archive and CIFAR-10 at 500 images a
+The data are read from ``.gpu-data/`` in the checkout: the 32 px Tiny-ImageNet-100 archive and CIFAR-10 at 500 images a
 class (``gpu_data.write_subset``). The runs are benchmarks/own_data_jobs.py's, started most important
 first, ``--workers`` at a time; a local Hub server (tests/fake_hub.py) takes the pretrained
 backbone's push and serves it to ``--pretrained``. No run starts when less than ``--min-start-s`` of
@@ -29,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks"), str(REPO / "tests")]
 from gpu_data import unzip  # noqa: E402
+from gpu_env import environment  # noqa: E402
 from own_data_jobs import DRY, Folders, Job, Sizes, jobs  # noqa: E402
 
 TINY_ZIP, CIFAR_ZIP = "tiny-imagenet-100-32px.zip", "cifar10-500.zip"
@@ -177,22 +178,6 @@ class Pool:
                 return
             self.start_more()
             time.sleep(0.5)
-
-
-def environment() -> dict:
-    import torch
-
-    env = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda": torch.version.cuda,
-           "cuda_available": torch.cuda.is_available(), "cpus": os.cpu_count()}
-    if torch.cuda.is_available():
-        env["gpu"] = torch.cuda.get_device_name(0)
-    try:
-        import huggingface_hub
-
-        env["huggingface_hub"] = huggingface_hub.__version__
-    except ImportError as err:
-        env["huggingface_hub"] = f"missing: {err}"
-    return env
 
 
 def main() -> None:

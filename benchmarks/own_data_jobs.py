@@ -1,4 +1,4 @@
-"""The runs of issue 15's measurements ("good accuracy on a user's own images"), as `sb` command lines.
+"""The runs of the own-data measurements ("good accuracy on a user's own images"), as `sb` command lines.
 
 benchmarks/own_data_gpu.py runs them in parallel on one GPU (or, with ``--dry``, tiny on the CPU).
 Each :class:`Job` is one `sb` command; ``after`` names a job that must have succeeded first.

@@ -1,6 +1,6 @@
 """Does S&B + WA beat STD + WA at a paper-like scale? One time-boxed run on the 32 px Tiny-ImageNet-100.
 
-The comparison of issue 11: 10 tasks of 10 classes, class order seed 0, ResNet-18 at full width,
+The comparison: 10 tasks of 10 classes, class order seed 0, ResNet-18 at full width,
 memory 2000 (random exemplars), batch 256, the paper's SGD (lr 0.1, Nesterov momentum 0.9, weight
 decay 5e-4) and schedule shape (x0.1 at 30/60/80 % of every phase), the last epoch kept, and
 rho 1.15, the paper's value for 10 tasks of CIFAR-100 (100 classes at 32 px, 10 a task: the same
@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_report import ROWS, build_report, report_markdown  # noqa: E402
 from gpu_data import DATA_NAME, unpack, write_tiny_archive  # noqa: E402
 
-# Spec section 6: Nesterov SGD, x0.1 at 30/60/80 % of every phase; no warm-up, the last epoch kept
+# docs/method.md §6: Nesterov SGD, x0.1 at 30/60/80 % of every phase; no warm-up, the last epoch kept
 # (no validation split, no test-set selection), the plain residual init.
 PAPER_TRAIN = {"momentum": 0.9, "weight_decay": 5e-4, "milestones": (0.3, 0.6, 0.8), "lr_decay": 0.1,
                "warmup_epochs": 0.0, "val_fraction": 0.0, "zero_init_residual": False}
@@ -79,7 +79,7 @@ class CompareConfig:
     batch_size: int = 256
     memory: int = 2000
     lr: float = 0.1
-    rho: float = 1.15  # the paper's rho for 10 tasks of CIFAR-100 (spec section 6)
+    rho: float = 1.15  # the paper's rho for 10 tasks of CIFAR-100 (docs/method.md §6)
     precision: str = "auto"
     device: str = "auto"
     seed: int = 0
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(1)
         data = write_tiny_archive(work / "tiny.zip")
     elif not data.is_file():
-        sys.exit(f"{data} is missing: copy ../shared/data/{DATA_NAME}.zip there (docs/performance.md, On a GPU).")
+        sys.exit(f"{data} is missing: copy {DATA_NAME}.zip from the data folder there (docs/performance.md, On a GPU).")
     train, test = unpack(data, work / "data")
     cfg = CompareConfig(train=train, test=test, out=a.out, budget_s=a.budget_s, epochs=a.epochs, min_epochs=a.min_epochs,
                         control=a.control, rho=a.rho, device=a.device, precision=a.precision, cpu_eval=not a.no_cpu_eval)

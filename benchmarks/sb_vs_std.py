@@ -5,7 +5,7 @@ initial weights (the seed fixes them) on the same class order (``--order-seed``)
 incremental accuracy over steps 2..T (the paper's Table 1 metric) is printed per run, then as mean
 and sample standard deviation over seeds, with the paired per-seed difference S&B - STD.
 
-The data is a small, CPU-sized cut of the Tiny-ImageNet subset in ``../shared/data``: its first
+The data is a small, CPU-sized cut of the 100-class Tiny-ImageNet subset (``--data``): its first
 ``--classes`` classes (sorted wnids), ``--per-class`` training images each and all 50 val images,
 resized to ``--image-size`` px. The cut is written once as a class-per-folder tree of PNGs under
 ``--work`` (nothing goes into the repository) and read back through the ordinary folder source.
@@ -38,8 +38,11 @@ from sbcli.engine.loop import TrainConfig
 from sbcli.learner.state import read_state
 from sbcli.metrics import average_incremental
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tiny-imagenet-100.zip"
-TINY_RHO = {2: 1.0, 5: 1.35, 10: 1.2, 20: 1.113}  # spec section 6, Tiny-ImageNet column
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from realdata import archive_path  # noqa: E402  (the one data setting: $SBCLI_TEST_DATA)
+
+DEFAULT_DATA = archive_path("tiny-imagenet-100.zip")
+TINY_RHO = {2: 1.0, 5: 1.35, 10: 1.2, 20: 1.113}  # docs/method.md §6, Tiny-ImageNet column
 LABELS = {"std": "STD + WA", "std-long": "STD + WA (long steps)", "sb": "S&B + WA"}
 
 

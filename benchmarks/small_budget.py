@@ -1,6 +1,6 @@
-"""Small-budget runs on the first 20 classes of the shared Tiny-ImageNet-100 32 px subset.
+"""Small-budget runs on the first 20 classes of the Tiny-ImageNet-100 32 px subset.
 
-The configuration of issue 15: 250 training images a class (the first 250 file names of each
+The configuration: 250 training images a class (the first 250 file names of each
 class), the 50 test images a class, 20 classes (the first 20 wnids in sorted order) in 4 tasks of
 5, ResNet-32, batch 128, lr 0.1. ``--init paper`` is the paper's schedule and init (no warm-up,
 BN scales at 1); ``--init stable`` is one epoch of linear warm-up per phase and zero-initialised
@@ -18,12 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 import zipfile
 from pathlib import Path
 
-ZIP = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "tiny-imagenet-100-32px.zip"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from realdata import archive_path  # noqa: E402  (the one data setting: $SBCLI_TEST_DATA)
+
+ZIP = archive_path("tiny-imagenet-100-32px.zip")
 
 
 def build_folder(zip_path: Path, root: Path, classes: int, per_class: int) -> tuple[Path, Path]:

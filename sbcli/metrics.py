@@ -1,4 +1,4 @@
-"""Metrics of class-incremental learning, as functions of arrays (spec section 8).
+"""Metrics of class-incremental learning, as functions of arrays (docs/method.md §8).
 
 ``acc[t, j]`` is the accuracy (in %) on the test images of task j's classes after learning
 step t; entries with j > t are NaN. Nothing is rounded here: round at display time.

@@ -12,8 +12,6 @@ from conftest_hub import fake_hub, hf_offline, no_internet, no_retry_wait  # noq
 from conftest_runs import grown_run  # noqa: F401  (fixture)
 from PIL import Image
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
 # The colour of each synthetic class: distinct enough that a small network learns them in an epoch.
 PALETTE = {"red": (200, 40, 40), "green": (40, 190, 60), "blue": (40, 60, 200), "yellow": (210, 200, 40),
            "purple": (150, 50, 170), "cyan": (40, 190, 200)}

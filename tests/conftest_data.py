@@ -1,13 +1,13 @@
-"""Real-data fixtures: CIFAR-10 (JPEG re-encode) from ``../shared/data``, unzipped under pytest's tmp dir.
+"""Real-data fixtures: CIFAR-10 (JPEG re-encode) from the test data folder, unzipped under pytest's tmp dir.
 
-Import them in a test module (``from conftest_data import cifar10_zip, cifar10_subset``). Tests
-that use them skip, with the reason, where the shared data folder is absent (a clone outside this
-workplace). Nothing is copied into the repository.
+Import them in a test module (``from conftest_data import cifar10_zip, cifar10_subset``). The folder
+is ``SBCLI_TEST_DATA`` (tests/realdata.py); tests that use them skip, with the reason, where the
+archive is absent. Nothing is copied into the repository.
 
 * ``cifar10_zip``: the archive's path (skips when absent).
 * ``cifar10_subset``: a factory that unzips only the first N train / test images of the classes
   asked for, as class-per-folder trees: about a second, where the whole archive (60,000 files) takes
-  10 s on a quiet disk and over a minute on the shared VM's busy one.
+  10 s on a quiet disk and over a minute on a busy one.
 * ``cifar10_jpeg``: the whole ``cifar10-jpeg/`` folder, for tests that need every image.
 """
 
@@ -19,9 +19,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from realdata import archive_path, require_archive
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-CIFAR10_ZIP = SHARED_DATA / "cifar10-jpeg.zip"
+CIFAR10_ZIP = archive_path("cifar10-jpeg.zip")
 PREFIX = "cifar10-jpeg"
 
 SubsetFn = Callable[[list[str], int, int], tuple[Path, Path]]
@@ -29,9 +29,7 @@ SubsetFn = Callable[[list[str], int, int], tuple[Path, Path]]
 
 @pytest.fixture(scope="session")
 def cifar10_zip() -> Path:
-    if not CIFAR10_ZIP.is_file():
-        pytest.skip(f"real data absent: {CIFAR10_ZIP} (the shared data folder of this workplace)")
-    return CIFAR10_ZIP
+    return require_archive(CIFAR10_ZIP.name)
 
 
 @pytest.fixture(scope="session")

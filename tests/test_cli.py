@@ -1,4 +1,4 @@
-"""End-to-end CLI runs (train -> add-task -> evaluate) and every bad input of issue 2."""
+"""End-to-end CLI runs (train -> add-task -> evaluate) and every bad input."""
 
 import json
 import shutil

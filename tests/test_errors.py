@@ -1,4 +1,4 @@
-"""No traceback reaches the user: every failure is one sentence and a non-zero exit (issue 13, point 6)."""
+"""No traceback reaches the user: every failure is one sentence and a non-zero exit."""
 
 from __future__ import annotations
 

@@ -7,7 +7,7 @@ infinity or an out-of-range label, data bytes flipped). Every time, the command 
 (the mutation was harmless) or exits 1 with one line that is an expected failure (never a
 traceback, never "Unexpected error"), and the learner's bytes are unchanged.
 
-The default run tries ``SBCLI_FUZZ_EXAMPLES`` examples (25); the issue's figure is 500 or more::
+The default run tries ``SBCLI_FUZZ_EXAMPLES`` examples (25); a thorough run is 500 or more::
 
     SBCLI_FUZZ_EXAMPLES=500 python -m pytest tests/test_fuzz_learner.py -q -s
 """

@@ -2,7 +2,7 @@
 
 The dry run goes through every step the GPU machine will run (environment, ``pytest -m gpu``, the
 engine benchmark, the profile, the three-row comparison with its CPU evaluation) and must leave
-what the device tool can bring back: at most 8 plainly named files. The planning (epochs that fit
+a small results folder: at most 8 plainly named files, easy to copy off the GPU machine. The planning (epochs that fit
 a budget, which steps split) and the tables are checked on their own.
 """
 
@@ -65,6 +65,9 @@ def test_the_dry_check_runs_every_step_and_leaves_at_most_8_plain_files(tmp_path
     names = [row["name"] for row in r["bench"]["rows"]]
     assert len(names) == 3 and "no teacher" in names[1] and names[2] == "reference"
     assert r["bench"]["meets_target"] is False and r["profile"]["top"]  # the CPU misses it: the profile ran
+    assert (r["bench"]["batch_size"], r["bench512"]["batch_size"]) == (256, 512)  # both batch sizes, the same rows
+    assert [row["name"] for row in r["bench512"]["rows"]] == names and r["bench"]["without_teacher_img_s"] > 0
+    assert r["ddp"]["passed"] and r["ddp"]["torchrun_exit"] == 0 and r["ddp"]["steps_after_add_task"] == 3
     seq = r["sequence"]
     assert list(seq["rows"]) == ["sb-wa", "std-wa", "std-wa-equal"] and all(s["steps"] == 3 for s in seq["rows"].values())
     assert seq["rows"]["std-wa-equal"]["epochs_per_step"] == seq["rows"]["sb-wa"]["epochs_per_step"] == [1, 3, 3]
@@ -73,7 +76,7 @@ def test_the_dry_check_runs_every_step_and_leaves_at_most_8_plain_files(tmp_path
     history = json.loads((out / "learner-sb-wa.json").read_text())["history"]
     assert [h["metrics"]["overall"] for h in history] == seq["rows"]["sb-wa"]["accuracy"]
     md = (out / "results.md").read_text()
-    for heading in ("## pytest -m gpu", "## Engine throughput", "## Profile", "## Average incremental accuracy",
+    for heading in ("## pytest -m gpu", "## Engine throughput, batch 256", "## Engine throughput, batch 512", "## Profile", "## DDP", "## Average incremental accuracy",
                     "## S&B ablation", "## S&B minus STD"):
         assert heading in md, heading
     # the tables print again from what came back, without the learners

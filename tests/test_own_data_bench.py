@@ -1,4 +1,4 @@
-"""Issue 15's device runs (benchmarks/own_data_gpu.py), here at tiny sizes: the pretrain -> push to the
+"""The own-data GPU runs (benchmarks/own_data_gpu.py), here at tiny sizes: the pretrain -> push to the
 local Hub -> ``--pretrained`` chain through `sb` itself, the pool's dependencies and budget, the report."""
 
 from __future__ import annotations

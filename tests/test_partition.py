@@ -1,4 +1,4 @@
-"""The stage-4 partition (spec sections 3 and 4): channel counts, cross blocks, disconnect, bridge, penalties."""
+"""The stage-4 partition (docs/method.md §3 and §4): channel counts, cross blocks, disconnect, bridge, penalties."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from sbcli.nets.partition import (
 )
 from sbcli.nets.resnet import IncrementalResNet
 
-# Spec section 6: (classes per task, rho) for 2/5/10/20 tasks.
+# docs/method.md §6: (classes per task, rho) for 2/5/10/20 tasks.
 PAPER_TABLE = {
     "cifar100": (100, {2: (50, "1.0"), 5: (20, "1.35"), 10: (10, "1.15"), 20: (5, "1.0")}),
     "tiny-imagenet": (200, {2: (100, "1.0"), 5: (40, "1.35"), 10: (20, "1.2"), 20: (10, "1.113")}),

@@ -16,6 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from PIL import Image, ImageOps
+from realdata import archive_path, require_archive
 from test_onnx_export import make_learner
 from typer.testing import CliRunner
 
@@ -26,7 +27,7 @@ from sbcli.serve import preprocess
 from sbcli.serve.model import open_onnx
 from sbcli.serve.predict import predict
 
-REAL_TINY = Path(__file__).resolve().parents[2] / "shared" / "data" / "tiny-imagenet-100.zip"
+REAL_TINY = archive_path("tiny-imagenet-100.zip")
 SIZE = 32  # the Tiny-ImageNet JPEGs are 64 px: every one is resized
 REAL_COUNT = 200
 
@@ -106,8 +107,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def real_images(folder: Path) -> list[Path]:
-    if not REAL_TINY.is_file():
-        pytest.skip(f"real data absent: {REAL_TINY} (the shared data folder of this workplace)")
+    require_archive(REAL_TINY.name)
     with zipfile.ZipFile(REAL_TINY) as archive:
         names = sorted(n for n in archive.namelist() if "/val/images/" in n and n.endswith(".JPEG"))[:REAL_COUNT]
         folder.mkdir(parents=True)

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image, features
+from realdata import archive_path
 
 from sbcli import data as data_package
 from sbcli.data.imageset import ImageSet
@@ -28,7 +29,7 @@ from sbcli.data.sources import (
 )
 from sbcli.errors import ConfigError, DataError, UnknownNameError
 
-REAL_TINY = Path(__file__).resolve().parents[2] / "shared" / "data" / "tiny-imagenet-100.zip"
+REAL_TINY = archive_path("tiny-imagenet-100.zip")
 
 
 # --------------------------------------------------------------------------------------------
@@ -404,9 +405,9 @@ def test_tiny_imagenet_errors(tmp_path: Path) -> None:
         load_tiny_imagenet(not_zip, True, cache=None)
 
 
-@pytest.mark.skipif(not REAL_TINY.is_file(), reason=f"the shared Tiny-ImageNet subset is not at {REAL_TINY}")
+@pytest.mark.skipif(not REAL_TINY.is_file(), reason=f"real data absent: {REAL_TINY} (set SBCLI_TEST_DATA)")
 def test_tiny_imagenet_real_subset() -> None:
-    """All 55,000 JPEGs of the shared 100-class subset, straight from the zip (~12 s on 2 cores)."""
+    """All 55,000 JPEGs of the 100-class Tiny-ImageNet subset, straight from the zip (~12 s on 2 cores)."""
     val = load_tiny_imagenet(REAL_TINY, False, cache=None)
     assert val.images.shape == (5000, 3, 64, 64)
     assert len(val.class_names) == 100 == len(set(val.class_names))

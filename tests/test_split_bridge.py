@@ -1,4 +1,4 @@
-"""Split-and-Bridge as a method (spec section 5): the phases, what each leaves behind, the records,
+"""Split-and-Bridge as a method (docs/method.md §5): the phases, what each leaves behind, the records,
 the recipes of the paper, and an end-to-end `sb train --method sb` + `sb add-task` on real images."""
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ def test_recipes_are_listed_and_refuse_unknown_keys_and_other_sources(tmp_path):
 # End to end on real images: sb train --method sb, then sb add-task, then sb evaluate
 # --------------------------------------------------------------------------------------------
 
-# About 60 s on the shared 2-core VM: 16 px images, a quarter-width ResNet-18, 200 images per class,
+# About 60 s on a busy 2-core machine: 16 px images, a quarter-width ResNet-18, 200 images per class,
 # a memory large enough that the old classes are not swamped in so few epochs.
 RUN = ["--width", "0.25", "--image-size", "16", "--epochs", "8", "--phase-epochs", "4,4,4", "--batch-size", "32",
        "--memory", "300", "--device", "cpu"]

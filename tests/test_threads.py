@@ -1,4 +1,4 @@
-"""Compute threads: passive OpenMP waiting is set before torch loads (issue 13, point 7)."""
+"""Compute threads: passive OpenMP waiting is set before torch loads."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Every malformed learner file of issue 13 is refused at load in one sentence, the learner untouched."""
+"""Every malformed learner file is refused at load in one sentence, the learner untouched."""
 
 from __future__ import annotations
 

@@ -52,11 +52,11 @@ for _row in (BenchMethod("finetune", "Fine-tuning", "finetune"),
              BenchMethod("joint", "Oracle (joint)", "joint")):
     BENCH_METHODS.register(_row.name)(_row)
 
-# Spec section 6: rho of S&B per dataset and task count (1.0 where the paper gives none).
+# docs/method.md §6: rho of S&B per dataset and task count (1.0 where the paper gives none).
 PAPER_RHO = {"cifar100": {2: 1.0, 5: 1.35, 10: 1.15, 20: 1.0},
              "tiny-imagenet": {2: 1.0, 5: 1.35, 10: 1.2, 20: 1.113}}
 
-# Spec section 9: the paper's Table 1 (average over steps 2..T, ResNet-18, memory 2000, 200 epochs a phase).
+# docs/method.md §9: the paper's Table 1 (average over steps 2..T, ResNet-18, memory 2000, 200 epochs a phase).
 PAPER_TABLE1 = {
     "cifar100": {"std-icarl": [68.14, 59.50, 55.60, 60.04], "std-bic": [69.96, 67.07, 60.65, 49.89],
                  "std-wa": [69.28, 67.64, 63.72, 55.29], "dd-wa": [68.84, 67.68, 63.12, 58.08],

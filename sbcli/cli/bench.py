@@ -23,7 +23,7 @@ EPILOG = """Examples:
 
   sb bench tiny-imagenet --data-root tiny-imagenet-200.zip --out runs/table1   # the paper's budget (GPU days)
 
-  sb bench ../shared/data/tiny-imagenet-100.zip --classes 20 --image-size 32 --width 0.25 --epochs 3 \\
+  sb bench tiny-imagenet-100.zip --classes 20 --image-size 32 --width 0.25 --epochs 3 \\
       --memory 200 --tasks 2,5 --out runs/bench-cpu                             # a CPU-sized rebuild
 
 Run the same command again to resume: finished cells are skipped.

@@ -44,7 +44,7 @@ from sbcli.engine.selection import PhaseSelection, Validator
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation settings shared by every phase (defaults: the authors' schedule, spec section 6).
+    """Optimisation settings shared by every phase (defaults: the authors' schedule, docs/method.md §6).
 
     Each field is a CLI option of the same name (``--weight-decay``) and a recipe key
     (:mod:`sbcli.config.options`), and is recorded in the learner's ``train_config``.

@@ -61,7 +61,7 @@ class OnnxConfig:
 
     Attributes:
         tolerance: the largest allowed |ONNX - PyTorch| score difference, relative to
-            max(1, largest |score|); the issue asks for 1e-4.
+            max(1, largest |score|); 1e-4 by default.
         check_images: at most this many exemplar images are compared.
         opset: ONNX opset in [MIN_OPSET, MAX_OPSET]; None lets torch pick its default (opset 20 with torch 2.14).
         half: fp16 weights and compute (float32 input and output); checked with HALF_TOLERANCE.

@@ -1,4 +1,4 @@
-"""DD, double distillation (spec section 10; the DMC idea of Zhang et al. 2020).
+"""DD, double distillation (docs/method.md §10; the DMC idea of Zhang et al. 2020).
 
 An incremental step: a temporary network is trained from scratch with plain CE on the new task's
 images alone (its own head over the C_new new classes; ``aux_head_rules`` adds step 1's head
@@ -31,7 +31,7 @@ INFERENCES = ("wa", "none")
 
 @dataclass(frozen=True)
 class Config:
-    inference: str = "wa"  # spec section 10: DD + WA
+    inference: str = "wa"  # docs/method.md §10: DD + WA
     first_task_rules: bool = True  # authors' code: zero head bias, clip negative head weights in step 1
     aux_epochs: int | None = None  # epochs of the temporary network; None: the run's --epochs
     aux_head_rules: bool = False  # the temporary network trained with plain CE (DMC); True: with step 1's head rules

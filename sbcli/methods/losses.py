@@ -1,11 +1,11 @@
-"""The losses of the paper (spec section 4), one small function each."""
+"""The losses of the paper (docs/method.md §4), one small function each."""
 
 from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
 
-TEMPERATURE = 2.0  # spec section 4: T = 2
+TEMPERATURE = 2.0  # docs/method.md §4: T = 2
 
 
 def ce_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

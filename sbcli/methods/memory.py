@@ -1,7 +1,7 @@
 """The exemplar memory: a fixed total budget of stored training images of the classes seen.
 
 Each seen class gets ceil(budget / C_seen) images, trimmed so the total is exactly the budget
-(spec section 5). Selection is ``random`` (seeded, default), ``herding`` (iCaRL) or ``first``
+(docs/method.md §5). Selection is ``random`` (seeded, default), ``herding`` (iCaRL) or ``first``
 (dataset order, as in the authors' code). Each class's exemplars are kept in priority order, so
 shrinking a class's quota keeps its first ones.
 """

@@ -1,4 +1,4 @@
-"""Split-and-Bridge (Kim & Choi, AAAI 2021), spec section 5.
+"""Split-and-Bridge (Kim & Choi, AAAI 2021), docs/method.md §5.
 
 An incremental step: phase A (sparsify the cross weights: KD + LCE + sparsity, head bias at
 zero), disconnect, phase B (separated learning: KD + LCE), bridge, phase C (lambda * KD +
@@ -43,7 +43,7 @@ DEFAULT_GAMMA = {"code": 1.0, "paper": 0.0115}
 
 @dataclass(frozen=True)
 class Config:
-    rho: float = 1.0  # paper: 1.0 to 1.4 (spec section 6 table)
+    rho: float = 1.0  # paper: 1.0 to 1.4 (docs/method.md §6 table)
     sparsity: str = "code"  # authors' group lasso (produced the published numbers) or "paper"
     gamma: float | None = None  # None: DEFAULT_GAMMA of the sparsity form (code: the authors' 1)
     bn_reset: bool = False  # authors' code re-creates stage-4 BN at disconnect and bridge

@@ -1,6 +1,6 @@
 """STD: the standard KD baseline, lambda * KD + (1 - lambda) * CE, teacher = model t-1.
 
-Inference variants (spec section 10): ``wa`` (default; head bias held at zero, weight aligning
+Inference variants (docs/method.md §10): ``wa`` (default; head bias held at zero, weight aligning
 after each step), ``bic`` (a bias layer fit on held-out data, :mod:`sbcli.methods.bic`), ``icarl``
 (training loss CE + KD unweighted, nearest mean of exemplars at inference,
 :mod:`sbcli.methods.nme`) and ``none`` (the plain head).
@@ -24,7 +24,7 @@ INFERENCES = ("wa", "none", "bic", "icarl")
 
 @dataclass(frozen=True)
 class Config:
-    inference: str = "wa"  # spec section 10: STD + WA is the paper's strongest STD variant
+    inference: str = "wa"  # docs/method.md §10: STD + WA is the paper's strongest STD variant
     first_task_rules: bool = True  # authors' code: zero head bias, clip negative head weights in step 1
     bic_val_fraction: float = 0.1  # BiC: a tenth of the per-class exemplar quota is held out for the bias layer
     wa_clip: bool = False  # WA: clip negative head weights in every step, as WA's authors do (S&B's code: step 1 only)

@@ -1,4 +1,4 @@
-"""The partition of the network's top into an old and a new branch (spec sections 3 to 5).
+"""The partition of the network's top into an old and a new branch (docs/method.md §3 to §5).
 
 From rho, C_old and C_total follow the split fraction bf, the old/new channel groups of every
 partitioned channel set, the cross blocks of every partitioned tensor, the sparsity penalty on
@@ -23,7 +23,7 @@ SOFT_OTHER = 1.0 - SOFT_OWN
 
 
 def split_fraction(rho: float, num_old: int, num_total: int) -> Fraction:
-    """bf = min(1, rho * C_old / C_total) (spec section 3), as an exact fraction.
+    """bf = min(1, rho * C_old / C_total) (docs/method.md §3), as an exact fraction.
 
     rho is read as the decimal it was written as (1.2 is 6/5), so that floor(width * bf) has no
     rounding error where the product is a whole number (e.g. rho 1.2, C_old 100, C_total 120: bf = 1).
@@ -150,7 +150,7 @@ def sparsity_code(model: IncrementalResNet, partition: Partition) -> torch.Tenso
 
 
 def disconnect(model: IncrementalResNet, partition: Partition) -> None:
-    """Set every cross weight to exactly zero and mask it so that it stays zero (spec section 5)."""
+    """Set every cross weight to exactly zero and mask it so that it stays zero (docs/method.md §5)."""
     with torch.no_grad():
         for layer in model.partitioned_layers():
             keep = 1.0 - cross_mask(layer, partition)

@@ -143,7 +143,7 @@ class IncrementalResNet(nn.Module):
 
 
 def resnet18(num_classes: int, width: float = 1.0) -> IncrementalResNet:
-    """CIFAR-style ResNet-18 (spec section 2); stage 4 and the head are partitioned."""
+    """CIFAR-style ResNet-18 (docs/method.md §2); stage 4 and the head are partitioned."""
     widths = [_scaled(width, c) for c in (64, 128, 256, 512)]
     return IncrementalResNet("resnet18", widths, [2, 2, 2, 2], num_classes, split_blocks=2)
 

@@ -3,7 +3,7 @@
 A 7x7 stride-2 stem and a 3x3 stride-2 max pool (a quarter of the input side before stage 1),
 four stages of BasicBlocks (2-2-2-2 or 3-4-6-3, 64/128/256/512 x width), 1x1 strided shortcut
 convolutions followed by a BN (torchvision's ``downsample``). Split-and-Bridge partitions the
-whole of stage 4 and the head, as on the CIFAR ResNet-18 (spec section 3): for ResNet-18 the same
+whole of stage 4 and the head, as on the CIFAR ResNet-18 (docs/method.md §3): for ResNet-18 the same
 six tensors, for ResNet-34 its three blocks (the stage-3 output is the shared input in both).
 
 Parameter names follow :class:`~sbcli.nets.resnet.IncrementalResNet`; torchvision's and timm's
