@@ -75,7 +75,9 @@ def zoo(index: Path | None = None) -> list[Any]:
 
 
 def predict(model: Path, images: list[Path], *, top_k: int = 5, batch_size: int = 64, device: str = "auto") -> list[Any]:
-    """Top-k labels and probabilities (:class:`sbcli.export.serve.Prediction`) of a learner or ONNX file."""
-    from sbcli.export.serve import predict as predict_images
+    """Top-k labels and probabilities (:class:`sbcli.serve.predict.Prediction`) of a learner or ONNX file."""
+    from sbcli.export.serving import open_learner
+    from sbcli.serve.predict import predict as predict_images
 
-    return predict_images(Path(model), images, top_k=top_k, batch_size=batch_size, device=device)
+    return predict_images(Path(model), images, top_k=top_k, batch_size=batch_size, device=device,
+                          open_learner=open_learner).predictions

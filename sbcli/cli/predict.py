@@ -37,9 +37,11 @@ def predict(
 ) -> None:
     """Top-k labels with probabilities for image files or folders."""
     from sbcli.cli import render
+    from sbcli.export.serving import open_learner
     from sbcli.serve.predict import predict as run_predict
 
-    report = run_predict(model, images, top_k=top_k, batch_size=batch_size, device=device, provider=provider)
+    report = run_predict(model, images, top_k=top_k, batch_size=batch_size, device=device, provider=provider,
+                         open_learner=open_learner)
     if json_out:
         render.print_json(report.to_json())
         return

@@ -41,11 +41,12 @@ def serve(
 ) -> None:
     """Serve a model over HTTP: /predict, /health, /metadata, with dynamic batching and reload."""
     from sbcli.cli import render
+    from sbcli.export.serving import EXPORTER
     from sbcli.serve.app import ServeConfig
     from sbcli.serve.server import Listen, prepare, run
 
     cfg = ServeConfig(str(model), provider, top_k, max_batch_size, max_wait_ms, int(max_request_mb * 2**20),
-                      max_images, reload_interval, threads)
+                      max_images, reload_interval, threads, EXPORTER)
     listen = Listen(host, port, workers)
     server = prepare(cfg, listen)
     meta = server.metadata()

@@ -49,6 +49,7 @@ class ServeConfig:
     max_images: int = 64
     reload_interval_s: float = 2.0  # 0: never reload
     threads: int | None = None
+    exporter: str | None = None  # "module:function" exporting a learner directory to ONNX (the CLI names it)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -83,7 +84,7 @@ class Server:
 
     def load(self) -> None:
         if self.loaded is None:
-            self.loaded = sources.load(self.source, self.cfg.provider, self.cfg.threads)
+            self.loaded = sources.load(self.source, self.cfg.provider, self.cfg.threads, exporter=self.cfg.exporter)
 
     async def watch(self) -> None:
         """Poll the source; load a changed model beside the old one and swap it in."""
@@ -96,7 +97,8 @@ class Server:
                 continue
             version = self.loaded.version + 1
             try:
-                new = await loop.run_in_executor(None, sources.load, self.source, self.cfg.provider, self.cfg.threads, version)
+                new = await loop.run_in_executor(None, sources.load, self.source, self.cfg.provider, self.cfg.threads, version,
+                                                 self.cfg.exporter)
             except SbcliError as err:
                 logger.warning("Kept model version %d: the changed %s did not load (%s)", self.loaded.version, self.source, err)
                 watcher.failed()

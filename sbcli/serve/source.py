@@ -1,5 +1,5 @@
 """What ``sb serve`` serves, and its reload: an ``.onnx`` file, or a learner directory exported to
-a cached ONNX file (only that export imports torch).
+a cached ONNX file by the exporter its caller names (only that export imports torch).
 
 The watcher polls a signature (the file's, or the learner's ``learner.json``: its commit point):
 when it changed and stayed the same for one more poll (so a file still being written is not
@@ -9,9 +9,10 @@ on the old one. A new model that fails to load is logged and the old one keeps s
 
 from __future__ import annotations
 
-import hashlib
+import importlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,15 +39,10 @@ def cache_dir() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sbcli" / "serve"
 
 
-def learner_onnx(learner_dir: Path) -> Path:
-    """The learner exported to the serve cache (reused while learner.json is unchanged; imports torch)."""
-    key = hashlib.sha256(str(learner_dir.resolve()).encode() + b"\0" + (learner_dir / "learner.json").read_bytes())
-    out = cache_dir() / f"{learner_dir.resolve().name}-{key.hexdigest()[:16]}.onnx"
-    if not out.is_file():
-        from sbcli import api
-
-        api.export_onnx(learner_dir, out)  # atomic: concurrent workers each write a complete file
-    return out
+def exporter_of(spec: str) -> Callable[[Path], Path]:
+    """The exporter named ``module:function`` (``sbcli.export.serving:learner_onnx`` from the CLI)."""
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def check_source(source: Path) -> None:
@@ -64,11 +60,19 @@ class Loaded:
     signature: Signature
 
 
-def load(source: Path, provider: str, threads: int | None = None, version: int = 1) -> Loaded:
-    """Open ``source`` (exporting a learner first) on ``provider``."""
+def load(source: Path, provider: str, threads: int | None = None, version: int = 1,
+         exporter: str | None = None) -> Loaded:
+    """Open ``source`` on ``provider``; a learner directory is first exported by ``exporter``
+    (``module:function``, from a learner directory to an ONNX file; the caller names it).
+
+    Raises:
+        ConfigError: ``source`` is neither an .onnx file nor a learner directory, or a learner and no exporter.
+    """
     check_source(source)
     sig = signature(source)
-    path = learner_onnx(source) if source.is_dir() else source
+    if source.is_dir() and exporter is None:
+        raise ConfigError(f"{source} is a learner directory; export it with `sb export` and serve the .onnx file.")
+    path = exporter_of(exporter)(source) if source.is_dir() else source
     return Loaded(open_onnx(path, provider, threads), version, sig)
 
 
