@@ -22,7 +22,7 @@ limit keeps what it finished):
    the epochs that fit the time left; ``sb`` trains S&B + WA alone; ``none`` skips it.
 
 ``--dry`` runs the same steps at tiny sizes on whatever device there is (the CPU without a GPU), on a
-generated archive of the same layout: tests/test_gpu_check.py runs it.
+generated archive of the same layout: tests/benchmarks/test_gpu_check.py runs it.
 """
 
 from __future__ import annotations

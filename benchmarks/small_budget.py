@@ -72,7 +72,7 @@ def main() -> None:
     import torch
 
     from sbcli import api
-    from sbcli.cli.runs import _phase_epochs
+    from sbcli.config.options import _phase_epochs
     from sbcli.engine.loop import TrainConfig
 
     torch.set_num_threads(1)

@@ -4,10 +4,11 @@ Direction rules (each folder's job: README.md, "Layout"):
 
 - ``serve`` imports neither torch nor anything of sbcli above it (only itself, ``errors`` and
   ``data.rgb``): an exported model is served with onnxruntime, numpy and Pillow;
-- ``data`` is below everything: it imports only itself and ``errors``;
+- ``data`` is below everything: it imports only itself, ``errors`` and ``atomic``;
 - ``engine`` and ``nets`` never import ``methods``, ``run``, ``learner`` (nor anything above those);
 - ``methods`` never imports ``run``, ``learner``, ``export`` or the API (nor anything above those);
-- only ``cli`` imports typer or rich.
+- only ``cli`` imports typer or rich;
+- and all of it: each folder imports only folders after it in :data:`LAYERS` (and the root's leaves).
 
 The graph counts every import, lazy ones inside functions too (a circle closed by a lazy import
 is still a circle: each side needs the other). A package's ``__init__`` importing its own
@@ -33,9 +34,11 @@ FORBIDDEN = {
 }
 ONLY = {
     "serve": ("serve", "errors", "data.rgb"),
-    "data": ("data", "errors"),
+    "data": ("data", "errors", "atomic"),
 }
 TERMINAL_PACKAGES = {"typer", "rich", "click"}
+# top to bottom (README.md, "Layout"); the root's leaves (errors, registry, metrics, jsonutil, atomic) serve all
+LAYERS = ("cli", "bench", "api", "config", "hub", "run", "export", "learner", "methods", "engine", "nets", "serve", "data")
 
 
 def module_name(path: Path) -> str:
@@ -148,6 +151,24 @@ def test_the_direction_rules_catch_a_wrong_way_import() -> None:
 
 def test_imports_run_one_way_between_the_folders() -> None:
     assert direction_errors(import_graph()) == []
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a folder by a folder below it in LAYERS."""
+    wrong = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = folder(name), folder(target)
+            if a in LAYERS and b in LAYERS and LAYERS.index(b) < LAYERS.index(a):
+                wrong.append(f"{name} imports {target}")
+    return wrong
+
+
+def test_every_folder_imports_only_the_folders_below_it() -> None:
+    assert upward_imports({"sbcli.run.steps": {"sbcli.engine.loop", "sbcli.errors"}}) == []
+    assert upward_imports({"sbcli.engine.loop": {"sbcli.data.device", "sbcli.run.steps"}}) == [
+        "sbcli.engine.loop imports sbcli.run.steps"]
+    assert upward_imports(import_graph()) == []
 
 
 def test_serve_holds_only_onnxruntime_numpy_and_pillow() -> None:

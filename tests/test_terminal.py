@@ -19,6 +19,7 @@ from sbcli.run import plots
 from sbcli.cli import progress
 from sbcli.cli.app import app
 from sbcli.jsonutil import PERCENT_KEYS, rounded
+from sbcli.learner.state import read_state
 from sbcli.metrics import StepMetrics
 from sbcli.run.rundirs import next_run_dir, output_dir, run_name
 from sbcli.run.steps import StepSummary
@@ -187,7 +188,7 @@ def test_add_task_ends_with_the_same_tables_as_train(grown_run, monkeypatch, tmp
     learner = tmp_path / "learner"
     shutil.copytree(grown_run["learner"], learner)
     last = history(grown_run)[-1]
-    step = StepSummary(3, 4, StepMetrics(**last["metrics"]), 1.0)
+    step = StepSummary(3, 4, StepMetrics(**last["metrics"]), 1.0, state=read_state(learner))  # as api.add_task returns it
     monkeypatch.setattr("sbcli.api.add_task", lambda *a, **k: step)
     res = runner.invoke(app, ["add-task", str(learner), str(tmp_path), "--device", "cpu"])
     assert res.exit_code == 0, res.output

@@ -26,11 +26,11 @@ from sbcli.data.records import remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.data.shaping import only_classes, resize_opened, with_image_size
 from sbcli.engine.device import resolve_device
-from sbcli.engine.loop import Engine, ProgressEvent, TrainConfig
+from sbcli.engine.loop import Engine, TrainConfig
+from sbcli.engine.progress import ProgressLike, progress_of
 from sbcli.errors import ConfigError, DataError, LearnerError
-from sbcli.run.evalsets import load_test_sets  # noqa: F401  (its old home)
 from sbcli.run.growing import AddTaskOptions
-from sbcli.learner.state import Learner, LearnerState
+from sbcli.learner.state import Learner, LearnerState, read_state
 from sbcli.methods.memory import ExemplarMemory
 from sbcli.methods import build_config
 from sbcli.metrics import history_summary
@@ -43,7 +43,7 @@ from sbcli.learner.store.lock import writer_lock
 from sbcli.learner.store.outputs import check_output_dir
 from sbcli.learner.validate import MAX_WIDTH
 
-ProgressFn = Callable[[ProgressEvent], None]
+ProgressFn = ProgressLike  # sbcli.engine.progress.Progress callbacks, or a function of each epoch's event
 StepFn = Callable[[StepSummary], None]
 
 
@@ -198,12 +198,11 @@ def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], or
 
 
 def _announce_plan(on_progress: ProgressFn | None, state: LearnerState, sizes: list[int]) -> None:
-    """Tell a progress callback that has ``on_plan`` the planned epochs of the steps still to run (for ETAs)."""
-    on_plan = getattr(on_progress, "on_plan", None)
-    if on_plan is not None and distributed.is_main_process():
+    """Tell the watcher the planned epochs of the steps still to run (for ETAs; :class:`sbcli.engine.progress.Progress`)."""
+    if distributed.is_main_process():
         planned = sequence_epochs(state.method, state.method_config, state.train_config["epochs"], sizes, state.steps,
                                   int(state.train_config.get("balance_epochs", 0)))
-        on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})  # task number -> epochs
+        progress_of(on_progress).on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})  # task -> epochs
 
 
 def _tuples(cfg: dict) -> dict:
@@ -241,7 +240,7 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     ``method``, when given, must be the learner's own: a learner keeps the method it started with.
     The learner is locked against other writers from the start. ``keep``: keep only the last N steps.
     The returned summary's ``notes`` say which test images measured the old classes and what
-    became of a card or ONNX file that described the previous step.
+    became of a card or ONNX file that described the previous step; its ``state`` is the learner as saved.
     """
     _check_keep(keep)
     opts = options or AddTaskOptions(epochs=epochs, method=method)
@@ -294,7 +293,16 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     evalsets.carry(learner, new_test, list(range(num_old, len(names))), opts.test_sample)
     save_from_main(learner, learner_dir, keep)
     notes = ([old.describe()] if old else []) + growing.published_notes(learner_dir, published, learner.state.steps)
-    return dataclasses.replace(step, notes=notes)
+    return dataclasses.replace(step, notes=notes, state=learner.state)
+
+
+def learner_state(learner_dir: Path, step: int | None = None) -> LearnerState:
+    """The state of the learner at ``learner_dir`` (at kept step ``step``), every file checked first.
+
+    Raises:
+        LearnerError: not a learner, or a file is missing or malformed.
+    """
+    return read_state(Path(learner_dir), step)
 
 
 def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto", step: int | None = None,

@@ -42,18 +42,19 @@ def predict(
 
     report = run_predict(model, images, top_k=top_k, batch_size=batch_size, device=device, provider=provider,
                          open_learner=open_learner)
-    if json_out:
-        render.print_json(report.to_json())
-        return
-    render.ERR.print(f"{model}: {report.kind} on provider {report.provider}", highlight=False)
-    predictions = report.predictions
-    table = render.Table(title=f"{model}: top {min(top_k, len(predictions[0].labels))} of {len(predictions)} images "
-                        f"(provider {report.provider})")
-    table.add_column("image")
-    table.add_column("label")
-    table.add_column("probability", justify="right")
-    table.add_column("next", justify="left")
-    for p in predictions:
-        rest = ", ".join(f"{n} {100 * q:.1f} %" for n, q in zip(p.labels[1:], p.probabilities[1:], strict=True))
-        table.add_row(p.image, p.labels[0], f"{100 * p.probabilities[0]:.1f} %", rest)
-    render.OUT.print(table)
+
+    def show() -> None:
+        render.ERR.print(f"{model}: {report.kind} on provider {report.provider}", highlight=False)
+        predictions = report.predictions
+        table = render.Table(title=f"{model}: top {min(top_k, len(predictions[0].labels))} of {len(predictions)} images "
+                            f"(provider {report.provider})")
+        table.add_column("image")
+        table.add_column("label")
+        table.add_column("probability", justify="right")
+        table.add_column("next", justify="left")
+        for p in predictions:
+            rest = ", ".join(f"{n} {100 * q:.1f} %" for n, q in zip(p.labels[1:], p.probabilities[1:], strict=True))
+            table.add_row(p.image, p.labels[0], f"{100 * p.probabilities[0]:.1f} %", rest)
+        render.OUT.print(table)
+
+    render.Output(json_out).result(report.to_json(), show)

@@ -33,13 +33,6 @@ EPILOG = """Examples:
   sb train ./photos/train --test ./photos/val --out my-learner
 """
 
-def defaults_for(source: str | None) -> dict:
-    """A source's defaults; they live in :func:`sbcli.config.options.defaults_for` (this name is kept for its callers)."""
-    from sbcli.config.options import defaults_for as config_defaults
-
-    return config_defaults(source)
-
-
 @friendly_errors
 @with_run_options
 def train(

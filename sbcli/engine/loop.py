@@ -19,6 +19,7 @@ is sharded over ranks and gathered on each.
 
 from __future__ import annotations
 
+import copy
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -34,10 +35,10 @@ from sbcli.engine.device import (
     compute_threads,
     cudnn_autotune,
     exact_float32,
-    native_bf16,  # noqa: F401  (re-exported: sbcli.engine.native_bf16 stays importable)
     uses_bf16,
 )
 from sbcli.errors import ConfigError, TrainingError
+from sbcli.engine.progress import ProgressEvent, ProgressLike, progress_of
 from sbcli.engine.schedule import PhaseSchedule
 from sbcli.engine.selection import PhaseSelection, Validator
 
@@ -119,20 +120,6 @@ class Phase:
     lr: float | None = None  # this phase's initial learning rate; None: the step's (``TrainConfig.lr``/``incremental_lr``)
 
 
-@dataclass(frozen=True)
-class ProgressEvent:
-    """Emitted after every epoch, for the CLI to render."""
-
-    task: int
-    phase: str
-    epoch: int
-    epochs: int
-    loss: float
-    images_per_s: float
-    precision: str = "fp32"  # what the steps compute in: "bf16" (autocast) or "fp32"
-    lr: float = float("nan")  # the learning rate the epoch's steps used (the last step's, with a per-step schedule)
-
-
 @dataclass
 class PhaseReport:
     """What a phase did: its epochs, the final epoch's mean loss, time and throughput."""
@@ -179,25 +166,33 @@ def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int, bat
 class Engine:
     """Runs phases on one device; emits a :class:`ProgressEvent` per epoch.
 
-    When ``on_progress`` also has an ``on_batch(done, total)`` method (the CLI's live bars), it is
-    called after each batch is launched: a Python call, no device synchronisation.
+    ``on_progress`` is told each batch and epoch (:class:`sbcli.engine.progress.Progress`, or a
+    function of each epoch's event). The step a phase belongs to (its learning rate, its held-out
+    images) is given to :meth:`for_step`, never set from outside.
     """
 
     def __init__(self, cfg: TrainConfig, device: torch.device, norm: Normalization, seed: int,
-                 on_progress: Callable[[ProgressEvent], None] | None = None) -> None:
+                 on_progress: ProgressLike = None) -> None:
         self.cfg = cfg
         self.device = device
         self.norm = norm
         self.dist = distributed.info()
         self.generator = torch.Generator().manual_seed(seed)  # permutations: the same on every rank
         self.augment_generator = self._augment_generator(seed)
-        self.on_progress = on_progress
-        self.on_batch = getattr(on_progress, "on_batch", None) if self.dist.is_main else None
-        self.task = 0
-        self.validator: Validator | None = None  # --val-fraction: set per step, picks each phase's best epoch
+        self.progress = progress_of(on_progress if self.dist.is_main else None)  # rank 0 alone reports
+        self.task = 0  # the step's task number (its learning rate): given to for_step
+        self.validator: Validator | None = None  # --val-fraction: the step's held-out images, given to for_step
         self.channels_last = True
         self.autocast = uses_bf16(cfg.precision, device)
         self.precision = "bf16" if self.autocast else "fp32"  # as run, for the progress lines and the record
+
+    def for_step(self, task: int, validator: Validator | None = None) -> Engine:
+        """This engine for the phases of one step: task number ``task`` (its learning rate) and, with
+        ``--val-fraction``, the held-out images that pick each phase's best epoch. ``self`` is unchanged;
+        both share the generators, so the draws go on where the last step left them."""
+        step = copy.copy(self)
+        step.task, step.validator = task, validator
+        return step
 
     def _augment_generator(self, seed: int) -> torch.Generator:
         """Crop/flip draws: the permutation's generator on one CPU process (as it always was),
@@ -242,8 +237,7 @@ class Engine:
                 sched.before_step()
                 total += self._step(student, teacher, model, data, idx, phase, opt).detach()
                 count += 1
-                if self.on_batch is not None:
-                    self.on_batch(count, batches)
+                self.progress.on_batch(count, batches)
             lr = opt.param_groups[0]["lr"]
             sched.step()
             loss = self._epoch_loss(total, count)  # the epoch's one host synchronisation
@@ -301,8 +295,7 @@ class Engine:
         return torch.compile(model) if self.cfg.compile else model
 
     def _emit(self, phase: Phase, epoch: int, loss: float, rate: float, lr: float) -> None:
-        if self.on_progress is not None and self.dist.is_main:
-            self.on_progress(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision, lr))
+        self.progress.on_epoch(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision, lr))
 
     @torch.no_grad()
     def logits(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.errors import ConfigError, ExportError
-from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, current_umask, export_onnx
+from sbcli.atomic import current_umask
+from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, export_onnx
 from sbcli.learner.state import Learner
 
 LABELS_FILE = "labels.txt"

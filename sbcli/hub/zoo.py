@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from sbcli.errors import ConfigError, ExportError, UnknownNameError
+from sbcli.errors import ConfigError, UnknownNameError
 
 ZOO_DIRS = (Path(__file__).resolve().parents[1] / "_zoo", Path(__file__).resolve().parents[2] / "zoo")
 INDEX_FILE = "index.toml"
@@ -172,17 +172,6 @@ def mismatched_files(folder: Path, expected: dict[str, str]) -> list[str]:
     """The files of ``expected`` that are missing from ``folder`` or differ from their SHA-256."""
     return [name for name, digest in sorted(expected.items())
             if not (folder / name).is_file() or sha256_file(folder / name) != digest]
-
-
-def verify_files(folder: Path, expected: dict[str, str], origin: str) -> None:
-    """Check that every file of ``expected`` is in ``folder`` with its SHA-256.
-
-    Raises:
-        ExportError: a file is missing or its hash differs (it was corrupted or tampered with).
-    """
-    bad = mismatched_files(folder, expected)
-    if bad:
-        raise ExportError(hash_error(bad, origin))
 
 
 def hash_error(bad: list[str], origin: str) -> str:

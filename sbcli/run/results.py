@@ -16,10 +16,11 @@ from __future__ import annotations
 import csv
 import io
 import math
-import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sbcli.atomic import replacing
 from sbcli.run import plots
 from sbcli.jsonutil import round_to
 from sbcli.metrics import accuracy_matrix, forgetting
@@ -82,11 +83,7 @@ def write_results(state: Any, out: Path) -> list[Path]:
     return written
 
 
-def _replace(path: Path, write) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}{path.suffix}")
-    try:
+def _replace(path: Path, write: Callable[[Path], object]) -> Path:
+    with replacing(path) as tmp:
         write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
     return path

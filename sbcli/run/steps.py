@@ -15,7 +15,7 @@ from sbcli.data.device import DeviceData
 from sbcli.data.imageset import ImageSet
 from sbcli.engine.loop import Engine
 from sbcli.methods.inference import outside_network, refresh_state, scores
-from sbcli.learner.state import Learner
+from sbcli.learner.state import Learner, LearnerState
 from sbcli.methods import METHODS, TaskContext, TaskResult, config_from_json
 from sbcli.methods.common import frozen_copy
 from sbcli.metrics import StepMetrics, step_metrics
@@ -31,6 +31,7 @@ class StepSummary:
     metrics: StepMetrics
     seconds: float
     notes: list[str] = field(default_factory=list)  # what the CLI should also say (test data used, stale files)
+    state: LearnerState | None = None  # the learner as saved after the step (filled by api.add_task, for its caller)
 
 
 def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet, *, network: bool = False) -> StepMetrics:
@@ -72,11 +73,11 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     parts, held = selection.split([(train.images, train.labels), learner.memory.tensors()], fraction,
                                   state.seed * 1000 + step)
     data = DeviceData.join(parts, engine.device)
-    engine.validator = None if held is None else selection.Validator(
+    validator = None if held is None else selection.Validator(
         held[0], held[1], state.num_classes, state.train_config.get("val_every", 0))
     method = METHODS.get(state.method)
     cfg = config_from_json(state.method, state.method_config)
-    engine.task = step + 1
+    engine = engine.for_step(step + 1, validator)
     ctx = TaskContext(step=step, model=learner.model, teacher=teacher, data=data, num_old=num_old,
                       num_total=state.num_classes, engine=engine, epochs=state.train_config["epochs"],
                       evaluate=lambda: evaluate_learner(learner, engine, test),
@@ -111,7 +112,7 @@ def _balance(learner: Learner, engine: Engine, step: int, inference: str, result
     epochs = int(tc.get("balance_epochs", 0))
     if step == 0 or epochs <= 0 or len(learner.memory) == 0 or not applies(inference):
         return False
-    engine.validator = None  # the held-out images picked the method's epochs; this phase keeps its last
+    engine = engine.for_step(engine.task)  # the held-out images picked the method's epochs; this phase keeps its last
     result.record["before_balance"] = evaluate_learner(learner, engine, test).to_json()
     report = balanced_finetune(learner.model, learner.memory.tensors(), engine, epochs, float(tc.get("balance_lr", 0.01)),
                                hold_bias_at_zero=inference == "wa")

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from sbcli.atomic import write_atomic
 from sbcli.errors import LearnerError
 from sbcli.learner.store import legacy
 from sbcli.learner.store.layout import LOCK_FILE, LOCK_INFO, holds_learner, is_store_leftover
@@ -87,13 +88,9 @@ def writer_lock(folder: Path, command: str, *, create: bool = False, enabled: bo
 
 
 def _write_note(folder: Path, command: str) -> None:
-    tmp = folder / f"{LOCK_INFO}.{os.getpid()}"
     try:
-        tmp.write_text(json.dumps(holder_note(command)), encoding="utf-8")
-        os.replace(tmp, folder / LOCK_INFO)
+        write_atomic(folder / LOCK_INFO, json.dumps(holder_note(command)))
     except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
         raise LearnerError(f"Cannot write to the learner at {folder} ({err.strerror or err}); "
                            "free some space or fix its permissions, and run again.") from err
 
