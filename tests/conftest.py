@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest_hub import fake_hub, hf_offline, no_internet, no_retry_wait  # noqa: F401  (fixtures)
-from conftest_runs import grown_run  # noqa: F401  (fixture)
 from PIL import Image
+
+# Fixtures kept beside this file by subject, registered as plugins (not imported by name into each test file)
+pytest_plugins = ["conftest_hub", "conftest_runs", "conftest_data"]
 
 # The colour of each synthetic class: distinct enough that a small network learns them in an epoch.
 PALETTE = {"red": (200, 40, 40), "green": (40, 190, 60), "blue": (40, 60, 200), "yellow": (210, 200, 40),

@@ -24,7 +24,7 @@ import onnx
 import pytest
 import uvicorn
 from PIL import Image
-from test_onnx_export import make_learner
+from learners import make_learner
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app

@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from PIL import Image, ImageOps
 from realdata import archive_path, require_archive
-from test_onnx_export import make_learner
+from learners import make_learner
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app

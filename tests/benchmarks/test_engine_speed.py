@@ -15,7 +15,7 @@ from PIL import Image
 from sbcli.data.device import Normalization, normalize
 from sbcli.nets import create_model
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "engine_speed.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "engine_speed.py"
 
 
 @pytest.fixture(scope="module")
