@@ -22,7 +22,6 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +39,7 @@ def random_learner(width: float, classes: int, size: int) -> Learner:
     """An STD+WA learner of ``classes`` classes in one step, random weights, 64 random exemplars."""
     state = LearnerState(arch="resnet18", width=width, image_size=size,
                          normalization={"mean": [0.5071, 0.4867, 0.4408], "std": [0.2675, 0.2565, 0.2761]},
-                         method="std", method_config=asdict(build_config("std", {})), train_config=asdict(TrainConfig()),
+                         method="std", method_config=build_config("std", {}), train_config=TrainConfig(),
                          memory={"budget": 64, "selection": "random", "seed": 0}, seed=0,
                          class_names=[f"c{i}" for i in range(classes)], class_task=[0] * classes,
                          history=[{"step": 1}], provenance={"dataset": "random (benchmark)"})

@@ -15,6 +15,7 @@ its budget with what finished. Every finished run adds a line to ``results.jsonl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -71,7 +72,7 @@ def learner_results(path: Path) -> dict:
                                                         "precision", "best_epoch")} for p in h.get("phases", [])],
                       **{k: {kk: rec[k].get(kk) for kk in ("overall", "old", "new")}
                          for k in ("before_wa", "before_balance", "after_B", "after_C") if isinstance(rec.get(k), dict)}})
-    return {"steps": steps, "train_config": state.train_config, "method": state.method,
+    return {"steps": steps, "train_config": dataclasses.asdict(state.train_config), "method": state.method,
             "pretrained": (getattr(state, "provenance", None) or {}).get("pretrained")}
 
 

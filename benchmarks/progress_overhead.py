@@ -36,8 +36,7 @@ def one_round(kind: str, device: torch.device, args: argparse.Namespace) -> floa
     console = Console(file=io.StringIO(), force_terminal=kind == "live", width=120)
     reporter = None if kind == "none" else progress.reporter(False, console=console)
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, precision="fp32")
-    engine = Engine(cfg, device, Normalization((0.5,) * 3, (0.25,) * 3), 0, reporter)
-    engine.task = 1
+    engine = Engine(cfg, device, Normalization((0.5,) * 3, (0.25,) * 3), 0, reporter).for_step(1)
     phase = Phase("base", lambda out: torch.nn.functional.cross_entropy(out.logits, out.targets), args.epochs)
     start = time.perf_counter()
     if reporter is None:

@@ -8,7 +8,9 @@ never rounded.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from typing import Any
 
 # Keys whose numbers are percentages (accuracies, their averages, forgetting), wherever they sit.
@@ -48,3 +50,16 @@ def rounded(value: Any, digits: int | None = None) -> Any:
         return round_to(value, digits)
     return value
 
+
+
+def config_from_json(cls: type, data: dict[str, Any]) -> Any:
+    """A config dataclass from its JSON object: fields an older writer did not know take their defaults, and
+    tuples (which JSON stores as lists) come back as tuples.
+
+    Raises:
+        TypeError: a field ``cls`` does not have.
+    """
+    hints = typing.get_type_hints(cls)
+    tuples = {f.name for f in dataclasses.fields(cls) if typing.get_origin(hints[f.name]) is tuple
+              or any(typing.get_origin(a) is tuple for a in typing.get_args(hints[f.name]))}
+    return cls(**{k: tuple(v) if k in tuples and isinstance(v, list) else v for k, v in data.items()})

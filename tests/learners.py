@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import functools
-from dataclasses import asdict
 
 import torch
 
@@ -59,7 +58,7 @@ def _build(method: str, tasks: tuple[int, ...], exemplars: int, seed: int, size:
                             "intra_old": 45.0, "intra_new": 70.0}, "phases": [], "record": {}, "seconds": 1.0}
                for t in range(len(tasks))]
     state = LearnerState(arch="resnet18", width=0.125, image_size=size, normalization=NORM, method=method,
-                         method_config=asdict(build_config(method, {})), train_config=asdict(TrainConfig(epochs=1)),
+                         method_config=build_config(method, {}), train_config=TrainConfig(epochs=1),
                          memory={"budget": exemplars, "selection": "random", "seed": 0}, seed=0, class_names=names,
                          class_task=owner, tasks=[{"classes": [n for n, t in zip(names, owner, strict=True) if t == i],
                                                   "source": {"kind": "demo"}} for i in range(len(tasks))],

@@ -53,7 +53,7 @@ def running(cfg: ServeConfig) -> Iterator[tuple[str, Server]]:
     userver = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=userver.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + TIMEOUT
+    deadline = time.monotonic() + 6 * TIMEOUT  # a learner directory is exported at startup: slow on a busy machine
     while not userver.started:
         assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
         time.sleep(0.05)

@@ -57,11 +57,12 @@ def test_repository_layout_and_modes(repository: tuple[Path, Path]) -> None:
     _, repo = repository
     model_dir = repo / "my-learner"
     found = sorted(str(p.relative_to(repo)) for p in repo.rglob("*"))
-    assert found == ["my-learner", "my-learner/1", "my-learner/1/model.onnx", "my-learner/config.pbtxt", "my-learner/labels.txt"]
+    # versions are learner steps: this learner was saved once, after its second step
+    assert found == ["my-learner", "my-learner/2", "my-learner/2/model.onnx", "my-learner/config.pbtxt", "my-learner/labels.txt"]
     assert (model_dir / "labels.txt").read_text().splitlines() == [f"class_{i}" for i in range(5)]
     for path in [repo, *repo.rglob("*")]:
         assert stat.S_IMODE(path.stat().st_mode) == (0o755 if path.is_dir() else 0o644), path
-    assert open_onnx(model_dir / "1" / "model.onnx").class_names == [f"class_{i}" for i in range(5)]
+    assert open_onnx(model_dir / "2" / "model.onnx").class_names == [f"class_{i}" for i in range(5)]
 
 
 def test_config_parses_with_tritons_schema_and_matches_the_graph(repository: tuple[Path, Path]) -> None:
@@ -70,9 +71,10 @@ def test_config_parses_with_tritons_schema_and_matches_the_graph(repository: tup
     pb2 = model_config_pb2()
     _, repo = repository
     config = text_format.Parse((repo / "my-learner" / "config.pbtxt").read_text(), pb2.ModelConfig())
-    graph = onnx.load(str(repo / "my-learner" / "1" / "model.onnx")).graph
+    graph = onnx.load(str(repo / "my-learner" / "2" / "model.onnx")).graph
     assert config.name == "my-learner" and config.platform == "onnxruntime_onnx"
     assert config.max_batch_size >= 1 and config.HasField("dynamic_batching")
+    assert config.version_policy.HasField("all")  # every kept step is served
     assert [i.name for i in config.input] == [i.name for i in graph.input]
     assert [o.name for o in config.output] == [o.name for o in graph.output]
     for ours, theirs in [*zip(config.input, graph.input, strict=True), *zip(config.output, graph.output, strict=True)]:
@@ -100,8 +102,26 @@ def test_half_repository_keeps_float32_io(tmp_path: Path) -> None:
     res = CliRunner().invoke(app, ["export", str(tmp_path / "learner"), "--format", "triton", "--half", "-o",
                                    str(tmp_path / "repo"), "--json"])
     assert res.exit_code == 0, res.output
-    model = open_onnx(tmp_path / "repo" / "learner" / "1" / "model.onnx")
+    model = open_onnx(tmp_path / "repo" / "learner" / "2" / "model.onnx")
     assert model.meta.raw["precision"] == "float16"
     scores = model.scores(np.random.default_rng(0).random((2, 3, 16, 16), dtype=np.float32))
     assert scores.dtype == np.float32 and scores.shape == (2, 5)
     assert "TYPE_FP32" in (tmp_path / "repo" / "learner" / "config.pbtxt").read_text()
+
+
+def test_every_kept_step_is_a_version(tmp_path: Path) -> None:
+    from google.protobuf import text_format
+
+    learner = tmp_path / "learner"
+    make_learner("std", tasks=(3,)).save(learner)
+    make_learner("std", tasks=(3, 2)).save(learner)
+    res = CliRunner().invoke(app, ["export", str(learner), "--format", "triton", "-o", str(tmp_path / "repo"), "--json"])
+    assert res.exit_code == 0, res.output
+    model_dir = tmp_path / "repo" / "learner"
+    assert sorted(p.name for p in model_dir.iterdir() if p.is_dir()) == ["1", "2"]
+    assert [len(open_onnx(model_dir / v / "model.onnx").class_names) for v in ("1", "2")] == [3, 5]
+    pb2 = model_config_pb2()
+    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), pb2.ModelConfig())
+    assert list(config.output[0].dims) == [-1]  # 3 classes in version 1, 5 in version 2
+    labels = (model_dir / "labels.txt").read_text().splitlines()
+    assert open_onnx(model_dir / "1" / "model.onnx").class_names == labels[:3]  # one labels file for all versions

@@ -76,12 +76,12 @@ def test_bundled_learner_is_what_its_entry_and_recipe_say(entry: ZooEntry) -> No
     recipe = tomllib.loads(INDEX.recipe_path(entry).read_text())
     assert state.class_names == entry.class_order
     assert [state.class_task.count(t) for t in range(state.steps)] == entry.tasks
-    assert (state.method, state.method_config["inference"]) == (entry.method, entry.inference)
+    assert (state.method, state.method_config.inference) == (entry.method, entry.inference)
     assert f"{state.arch} x{state.width}" == entry.network and state.image_size == entry.image_size
     assert state.plan["scenario"]["order"] == class_order(entry.num_classes, recipe["order_seed"])
     assert state.plan["source"]["kind"] == recipe["source"]
     train = state.train_config
-    assert (train["epochs"], train["batch_size"], train["lr"]) == (recipe["epochs"], recipe["batch_size"], recipe["lr"])
+    assert (train.epochs, train.batch_size, train.lr) == (recipe["epochs"], recipe["batch_size"], recipe["lr"])
     assert state.memory == {"budget": recipe["memory"], "selection": recipe["selection"], "seed": recipe["seed"]}
     overall = [h["metrics"]["overall"] for h in state.history]
     measured = summary(overall, [h["metrics"]["per_task"] for h in state.history])

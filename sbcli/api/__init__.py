@@ -17,7 +17,7 @@ from sbcli import __version__
 from sbcli.engine import distributed
 from sbcli.run import evalsets, growing
 from sbcli.learner import preflight
-from sbcli.api.out import export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
+from sbcli.api.out import export_int8, export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
 from sbcli.config.options import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
@@ -26,7 +26,7 @@ from sbcli.data.records import remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.data.shaping import only_classes, resize_opened, with_image_size
 from sbcli.engine.device import resolve_device
-from sbcli.engine.loop import Engine, TrainConfig
+from sbcli.engine.loop import Engine
 from sbcli.engine.progress import ProgressLike, progress_of
 from sbcli.errors import ConfigError, DataError, LearnerError
 from sbcli.run.growing import AddTaskOptions
@@ -78,7 +78,7 @@ def _new_state(run: RunOptions, image_size: int, norm: dict, plan: dict, dataset
     cfg = build_config(run.method, run.method_options)
     return LearnerState(
         arch=run.arch, width=run.width, image_size=image_size, normalization=norm, method=run.method,
-        method_config=dataclasses.asdict(cfg), train_config=dataclasses.asdict(run.train),
+        method_config=cfg, train_config=run.train,
         memory={"budget": run.memory, "selection": run.selection, "seed": run.seed}, seed=run.seed, plan=plan,
         provenance={"dataset": dataset, "sbcli_version": __version__, "torch_version": torch.__version__,
                     "python": platform.python_version()},
@@ -188,8 +188,7 @@ def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], or
            device: torch.device, seed: int, on_progress: ProgressFn | None, carry_sample: bool) -> StepSummary:
     train_set = relabel(opened.train, ordered, new)
     test_set = relabel(opened.test, ordered, seen) if opened.test is not None else _empty(opened.train)
-    cfg = TrainConfig(**_tuples(learner.state.train_config))
-    engine = Engine(cfg, device, learner.norm, seed * 1000 + learner.state.steps, on_progress)
+    engine = Engine(learner.state.train_config, device, learner.norm, seed * 1000 + learner.state.steps, on_progress)
     record = {"classes": new, "source": source}
     step = learn_step(learner, train_set, test_set, new, engine, record,
                       seen_train=lambda: relabel(opened.train, ordered, seen))
@@ -200,13 +199,9 @@ def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], or
 def _announce_plan(on_progress: ProgressFn | None, state: LearnerState, sizes: list[int]) -> None:
     """Tell the watcher the planned epochs of the steps still to run (for ETAs; :class:`sbcli.engine.progress.Progress`)."""
     if distributed.is_main_process():
-        planned = sequence_epochs(state.method, state.method_config, state.train_config["epochs"], sizes, state.steps,
-                                  int(state.train_config.get("balance_epochs", 0)))
+        planned = sequence_epochs(state.method, state.method_config, state.train_config.epochs, sizes, state.steps,
+                                  state.train_config.balance_epochs)
         progress_of(on_progress).on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})  # task -> epochs
-
-
-def _tuples(cfg: dict) -> dict:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()}
 
 
 def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None:
@@ -276,9 +271,9 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     old = evalsets.test_data(learner, opts.data_roots) if learner.state.tasks else None
     record = remember_source(spec, opened.train, opened.test)
     if opts.epochs is not None:
-        learner.state.train_config["epochs"] = opts.epochs
+        learner.state.train_config = dataclasses.replace(learner.state.train_config, epochs=opts.epochs)
     if warmup_epochs is not None:  # recorded: later steps keep it
-        learner.state.train_config["warmup_epochs"] = warmup_epochs
+        learner.state.train_config = dataclasses.replace(learner.state.train_config, warmup_epochs=warmup_epochs)
     names = learner.state.class_names + new
     num_old = len(learner.state.class_names)
     train_set = relabel(opened.train, names, new)
@@ -286,7 +281,7 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     parts = [p for p in (old.test if old else None, new_test) if p is not None and len(p)]
     test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else _empty(train_set)
     published = growing.published_files(learner_dir)
-    cfg = TrainConfig(**_tuples(learner.state.train_config))
+    cfg = learner.state.train_config
     _announce_plan(on_progress, learner.state, [*(learner.state.class_task.count(t) for t in range(learner.state.steps)), len(new)])
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
     step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": record})
@@ -324,7 +319,7 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
     else:
         chosen = evalsets.test_data(learner, data_roots, required=learner_dir)
         test, used = chosen.test, chosen.to_json()
-    engine = Engine(TrainConfig(**_tuples(state.train_config)), dev, learner.norm, state.seed)
+    engine = Engine(state.train_config, dev, learner.norm, state.seed)
     metrics = evaluate_learner(learner, engine, test)
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
             "test_images": len(test), "test_data": used, "metrics": metrics.to_json(), "history": state.history,

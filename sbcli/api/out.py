@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.errors import ConfigError
-from sbcli.learner.state import Learner
+from sbcli.learner.state import Learner, kept_steps, read_state
 from sbcli.learner.store.outputs import check_output_file, enclosing_learner
 
 
@@ -29,9 +29,24 @@ def export_onnx(learner_dir: Path, out: Path, *, tolerance: float = 1e-4, half: 
     return write_onnx(Learner.load(learner_dir, "cpu", step), Path(out), cfg)
 
 
+def export_int8(learner_dir: Path, out: Path, *, min_agreement: float = 0.98, opset: int | None = None,
+                step: int | None = None, overwrite: bool = False) -> Any:
+    """Write the learner (at kept step ``step``) as a statically quantised int8 ONNX file (QDQ, per-channel
+    weights) calibrated on its own images; refused, nothing written, when its top-1 agrees with the float
+    model on less than ``min_agreement`` of the carried test sample. Returns an Int8Report."""
+    from sbcli.export.onnx import OnnxConfig
+    from sbcli.export.quantize import Int8Config
+    from sbcli.export.quantize import export_int8 as write_int8
+
+    cfg, onnx_cfg = Int8Config(min_agreement=min_agreement), OnnxConfig(opset=opset)  # checked before loading
+    check_output_file(Path(out), overwrite=overwrite)
+    return write_int8(Learner.load(learner_dir, "cpu", step), Path(out), cfg, onnx_cfg)
+
+
 def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half: bool = False,
                   opset: int | None = None, max_batch_size: int = 64, max_queue_delay_us: int = 1000) -> Any:
-    """Write a Triton Inference Server model repository for the learner; returns a TritonReport."""
+    """Write a Triton Inference Server model repository for the learner, one version per kept step (up
+    to the current one); returns a TritonReport."""
     from sbcli.export.onnx import OnnxConfig
     from sbcli.export.triton import TritonConfig
     from sbcli.export.triton import export_triton as write_triton
@@ -41,7 +56,10 @@ def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half
     if learner is not None:
         raise ConfigError(f"-o {out} is inside the learner at {learner}; write the model repository outside it.")
     triton = TritonConfig(name=name or Path(learner_dir).resolve().name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us)
-    return write_triton(Learner.load(learner_dir, "cpu"), Path(out), cfg, triton)
+    current = len(read_state(Path(learner_dir)).history)
+    steps = [n for n in kept_steps(Path(learner_dir)) if n <= current]  # a rollback leaves later steps kept
+    learners = (Learner.load(learner_dir, "cpu", n) for n in steps)  # one at a time
+    return write_triton(learners, Path(out), cfg, triton)
 
 
 def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,

@@ -27,6 +27,7 @@ import numpy as np
 from sbcli.bench.report import class_order_text, epochs_text, ran_on, ran_text, threads_text, what_ran
 from sbcli.errors import ConfigError
 from sbcli.jsonutil import strict
+from sbcli.methods import METHODS
 from sbcli.registry import Registry
 
 
@@ -144,7 +145,7 @@ def cell_options(plan: BenchPlan, cell: Cell, kind: str) -> tuple[Any, Any]:
     """(SequenceOptions, RunOptions) of one cell: the shared budget with its method and task count."""
     row = BENCH_METHODS.get(cell.method)
     options = dict(row.options)
-    if row.method == "sb":
+    if "rho" in {f.name for f in dataclasses.fields(METHODS.get(row.method).config)}:  # S&B's split ratio
         options["rho"] = plan.rho if plan.rho is not None else PAPER_RHO.get(kind, {}).get(cell.tasks, 1.0)
     seq = dataclasses.replace(plan.seq, tasks=cell.tasks, base=None, increment=None)
     run = dataclasses.replace(plan.run, method=row.method, method_options=options)
@@ -289,7 +290,7 @@ def collect(plan: BenchPlan, out: Path, kind: str) -> dict:
             directory = Cell(name, tasks).directory(out)
             if steps_done(directory) >= tasks:
                 state = read_state(directory)
-                row["cells"][str(tasks)] = {**cell_summary(state.history), "rho": state.method_config.get("rho")}
+                row["cells"][str(tasks)] = {**cell_summary(state.history), "rho": getattr(state.method_config, "rho", None)}
         rows.append(row)
     return {"dataset": kind, "task_counts": list(plan.task_counts), "budget": plan.budget(), "methods": rows,
             "paper": paper_numbers(kind, plan.methods, plan.task_counts)}
@@ -361,8 +362,8 @@ def describe(plan: BenchPlan, kind: str) -> list[str]:
             seq, run = cell_options(plan, Cell(name, tasks), kind)
             options = dataclasses.asdict(build_config(run.method, run.method_options))
             epochs = sequence_epochs(run.method, options, run.train.epochs, [1] * tasks)
-            rho = f", rho {options['rho']:g}" if run.method == "sb" else ""
-            if run.method == "sb" and plan.rho is None and tasks not in PAPER_RHO.get(kind, {}):
+            rho = f", rho {options['rho']:g}" if "rho" in options else ""
+            if "rho" in options and plan.rho is None and tasks not in PAPER_RHO.get(kind, {}):
                 rho += " (the paper gives none here; --rho sets it)"
             parts.append(f"T{tasks}: {epochs_text(epochs)}{rho}")
         lines.append(f"  {name}: epochs per step " + "; ".join(parts))

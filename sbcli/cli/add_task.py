@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -64,10 +65,11 @@ def add_task(
     open_logs = None
     if main and log:
         log_options = {"learner": str(learner), "folder": str(folder), "method": state.method,
-                       "method_config": state.method_config, "train": {**state.train_config, "epochs": epochs or state.train_config["epochs"]}}
+                       "method_config": dataclasses.asdict(state.method_config),
+                       "train": {**dataclasses.asdict(state.train_config), "epochs": epochs or state.train_config.epochs}}
         before = sum(actual_epochs(state.history))
         open_logs = lambda: loggers.open_logs(log, learner, log_options, before)  # noqa: E731
-    reporter = progress.reporter(quiet or not main, every=max(1, (epochs or state.train_config["epochs"]) // 10),
+    reporter = progress.reporter(quiet or not main, every=max(1, (epochs or state.train_config.epochs) // 10),
                                  open_logs=open_logs)
     with distributed.session(device), reporter:
         reporter.note(f"Adding the classes of {folder} to {learner}")

@@ -16,6 +16,7 @@ from sbcli.cli._options import (
     QuietOpt,
     with_run_options,
 )
+from sbcli.defaults import BENCH_TASKS, statement
 
 EPILOG = """Examples:
 
@@ -53,12 +54,12 @@ def build_plan(o: dict) -> Any:
 
 
 @friendly_errors
-@with_run_options
+@with_run_options("bench")
 def bench(
     source: Annotated[Optional[str], typer.Argument(help="demo (default), cifar100, tiny-imagenet, a Tiny-ImageNet zip/dir, or a class-per-folder directory.", show_default=False)] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Bench directory: one learner per cell, the table and the figures.", rich_help_panel=OUT)] = Path("runs/bench"),
     methods: Annotated[Optional[str], typer.Option("--methods", help="Rows, comma-separated (default: the paper's seven, " + PAPER_ROWS + "; also std: KD + CE with the plain head).", rich_help_panel=METHOD, show_default=False)] = None,
-    tasks: Annotated[Optional[str], typer.Option("--tasks", help="Columns: task counts, comma-separated (default 2,5,10,20; demo 2,5).", rich_help_panel=DATA, show_default=False)] = None,
+    tasks: Annotated[Optional[str], typer.Option("--tasks", help=f"Columns: task counts, comma-separated (default: {statement(BENCH_TASKS, 'bench', str)}).", rich_help_panel=DATA, show_default=False)] = None,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Training resolution (benchmarks are resized from their own).", rich_help_panel=DATA, show_default=False)] = None,
     test: Annotated[Optional[Path], typer.Option("--test", help="Class-per-folder test images, for a folder source.", rich_help_panel=DATA, show_default=False)] = None,
     rho: Annotated[Optional[float], typer.Option("--rho", help="S&B's rho for every column (default: the paper's value per task count).", rich_help_panel=METHOD, show_default=False)] = None,

@@ -9,7 +9,7 @@ import typer
 
 from sbcli.cli._errors import friendly_errors
 
-NET, BATCH = "Network", "Batching and limits"
+NET, BATCH, GPU = "Network", "Batching and limits", "GPU (onnxruntime-gpu)"
 
 EPILOG = """Examples:
 
@@ -17,16 +17,20 @@ EPILOG = """Examples:
 
   curl -F image=@photo.jpg http://127.0.0.1:8000/predict           # top-k labels with probabilities
 
-  sb serve my-learner --workers 2 --provider cpu                      # reloads when a new step is saved
+  sb serve my-learner --workers 2 --provider cpu                      # every kept step is a version; reloads
+
+  sb serve model.onnx --provider tensorrt --trt-fp16 --trt-cache /var/cache/trt   # on a machine with a GPU
 
 Routes: POST /predict (multipart files, JSON {"images": \\[base64, ...]} or a raw image body; ?top_k=N),
-GET /health, GET /metadata.
+GET /health, GET /metadata; the Open Inference Protocol (KServe v2): GET /v2/health/live,
+GET /v2/health/ready, GET /v2, GET /v2/models/NAME\\[/versions/STEP]\\[/ready], POST .../infer;
+GET /metrics (Prometheus).
 """
 
 
 @friendly_errors
 def serve(
-    model: Annotated[Path, typer.Argument(help="An .onnx file written by `sb export`, or a learner directory (exported to a cached ONNX file).", show_default=False)],
+    model: Annotated[Path, typer.Argument(help="An .onnx file written by `sb export`, a learner directory (each kept step exported to a cached ONNX file, one version each), or a Triton model folder from `sb export --format triton`.", show_default=False)],
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).", rich_help_panel=NET)] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.", rich_help_panel=NET)] = 8000,
     workers: Annotated[int, typer.Option("--workers", help="Server processes sharing the port, each with its own model.", rich_help_panel=NET)] = 1,
@@ -37,20 +41,28 @@ def serve(
     max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="Longest wait for more images to fill a batch.", rich_help_panel=BATCH)] = 5.0,
     max_request_mb: Annotated[float, typer.Option("--max-request-mb", help="Larger requests are refused (413) before they are read whole.", rich_help_panel=BATCH)] = 16.0,
     max_images: Annotated[int, typer.Option("--max-images", help="Most images in one request.", rich_help_panel=BATCH)] = 64,
+    cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="CUDA graphs on the CUDA provider (needs --provider cuda): one captured graph per batch size bucket.", rich_help_panel=GPU)] = False,
+    trt_fp16: Annotated[bool, typer.Option("--trt-fp16", help="Let TensorRT use fp16 kernels (--provider tensorrt or auto).", rich_help_panel=GPU)] = False,
+    trt_cache: Annotated[Optional[Path], typer.Option("--trt-cache", help="Folder for TensorRT's engines and timing cache (default: tensorrt in the serve cache).", rich_help_panel=GPU, show_default=False)] = None,
     reload_interval: Annotated[float, typer.Option("--reload-interval", help="Seconds between checks for a changed model file or learner (0: never reload).", rich_help_panel=BATCH)] = 2.0,
 ) -> None:
-    """Serve a model over HTTP: /predict, /health, /metadata, with dynamic batching and reload."""
+    """Serve a model over HTTP: /predict, /health, /metadata, the Open Inference Protocol (KServe v2) and /metrics, with dynamic batching and reload."""
     from sbcli.cli import render
     from sbcli.export.serving import EXPORTER
     from sbcli.serve.app import ServeConfig
     from sbcli.serve.server import Listen, prepare, run
+    from sbcli.serve.versions import model_name
 
     cfg = ServeConfig(str(model), provider, top_k, max_batch_size, max_wait_ms, int(max_request_mb * 2**20),
-                      max_images, reload_interval, threads, EXPORTER)
+                      max_images, reload_interval, threads, cuda_graph, trt_fp16, str(trt_cache) if trt_cache else None,
+                      exporter=EXPORTER)
     listen = Listen(host, port, workers)
     server = prepare(cfg, listen)
     meta = server.metadata()
     render.ERR.print(f"Serving {model} ({len(meta['classes'])} classes, input {meta['input_size']}, provider "
                      f"{meta['provider']}) on http://{host}:{port} with {workers} worker(s); "
                      f"batches of up to {max_batch_size} within {max_wait_ms:g} ms", highlight=False)
+    render.ERR.print(f"Open Inference Protocol (KServe v2) at http://{host}:{port}/v2/models/{model_name(model)} "
+                     "(versions: the learner's kept steps, default the latest); Prometheus metrics at /metrics",
+                     highlight=False)
     run(server, listen)

@@ -2,14 +2,17 @@
 
 Both faces use it: `sb train` and `sb bench` pass the options a user typed, a notebook calls
 :func:`sbcli.api.options` (or builds the dataclasses itself), so the two cannot disagree.
-Precedence: options given, then the recipe, then the source's defaults, then the dataclasses'
-own defaults. ``None`` means "not given" everywhere.
+Precedence: options given, then the recipe, then the source's defaults (the one table of
+:mod:`sbcli.defaults`, whose ``value`` column the dataclasses take as their own defaults).
+``None`` means "not given" everywhere.
 
 Every setting is a field of one dataclass, and is routed there by its name: the sequence
 (:class:`SequenceOptions`), the run (:class:`RunOptions`), the engine
-(:class:`sbcli.engine.loop.TrainConfig`) or a method's ``Config``. Adding a setting is one field plus
-one CLI option named after it (``--weight-decay`` for ``weight_decay``); recipes can set it at
-once, and the learner records it (``train_config`` / ``method_config`` in ``learner.json``).
+(:class:`sbcli.engine.loop.TrainConfig`) or a method's ``Config``. An engine setting is one field, one
+row of the table and one CLI option named after it (``--weight-decay`` for ``weight_decay``,
+:data:`sbcli.cli._options.RUN_OPTIONS`); a method setting is one field of its ``Config``, declared
+with its help (:func:`sbcli.methods.base.option`), and `sb train` offers it. Recipes can set
+either at once, and the learner records it (``train_config`` / ``method_config`` in ``learner.json``).
 
 This module imports torch (through the engine): the CLI imports it inside command bodies.
 """
@@ -21,52 +24,45 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sbcli.defaults import BENCH_TASKS, DEFAULTS, UNSET, defaults, kind_of
+from sbcli.defaults import base as default_value
 from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError
-
-# What a run uses when an option is not given: the paper's settings for benchmarks, and a
-# CPU-sized budget for the bundled demo so that `sb train` alone ends in a few minutes.
-# Own-data additions, measured (docs/benchmarks.md): warm-up on, class-balanced fine-tuning on (the paper
-# recipes and `sb bench`: neither); zero-init measured harmful.
-GLOBAL_DEFAULTS = {"method": "sb", "arch": "resnet18", "lr": 0.1, "selection": "random", "seed": 0, "order_seed": 0,
-                   "warmup_epochs": 1.0, "zero_init_residual": False, "balance_epochs": 2}
-DEMO_DEFAULTS = {"tasks": 5, "width": 0.25, "epochs": 8, "batch_size": 64, "memory": 200}  # measured: benchmarks.md, "The demo's budget"
-PAPER_DEFAULTS = {"tasks": 10, "width": 1.0, "epochs": 200, "batch_size": 256, "memory": 2000}
-FOLDER_DEFAULTS = {"tasks": 1, "width": 1.0, "epochs": 30, "batch_size": 128, "memory": 2000}
-PAPER_BENCHMARKS = ("cifar10", "cifar100", "tiny-imagenet")
-# `sb bench` rebuilds the paper's comparison: no warm-up, no zero-initialised residual BNs, no balancing unless asked.
-BENCH_KEEPS_ENGINE_DEFAULTS = ("warmup_epochs", "zero_init_residual", "balance_epochs")
+from sbcli.methods import METHODS
+from sbcli.methods.base import balance_epochs
+from sbcli.methods.options import split_together, together_fields
 
 
 def defaults_for(source: str | None) -> dict:
-    """The defaults of a source: the demo's CPU budget, the paper's for benchmarks, a folder's otherwise."""
-    if source in (None, "demo"):
-        return {**GLOBAL_DEFAULTS, **DEMO_DEFAULTS}
-    if source in PAPER_BENCHMARKS:
-        return {**GLOBAL_DEFAULTS, **PAPER_DEFAULTS}
-    return {**GLOBAL_DEFAULTS, **FOLDER_DEFAULTS}
+    """What `sb train SOURCE` uses when an option is not given: the demo's CPU budget, the paper's for
+    benchmarks, a folder's otherwise (:data:`sbcli.defaults.DEFAULTS`)."""
+    return defaults("train", source)
 
 
 def bench_defaults(source: str | None) -> dict:
-    """`sb bench`: the demo's CPU budget for the demo, the paper's budget for everything else; task counts as a list."""
-    base = DEMO_DEFAULTS if source in (None, "demo") else PAPER_DEFAULTS
-    shared = {k: v for k, v in GLOBAL_DEFAULTS.items() if k not in BENCH_KEEPS_ENGINE_DEFAULTS}
-    return {**shared, **base, "tasks": "2,5" if source in (None, "demo") else "2,5,10,20"}
+    """`sb bench`: the demo's CPU budget for the demo, the paper's budget for everything else; task counts as a list.
+
+    The own-data additions of `sb train` (rows with a ``train`` column) are left to the dataclasses' own
+    defaults, the same table's ``value``: the paper's comparison has neither.
+    """
+    kind = kind_of(source)
+    differs = {name: row.resolve("bench", kind) for name, row in DEFAULTS.items() if row.train is UNSET}
+    return {**differs, "tasks": BENCH_TASKS.resolve("bench", kind)}
 
 
 @dataclass(frozen=True)
 class RunOptions:
     """Everything a run is configured with, built once at the boundary."""
 
-    method: str = "sb"
+    method: str = default_value("method")
     method_options: dict[str, Any] = field(default_factory=dict)
-    arch: str = "resnet18"
-    width: float = 1.0
+    arch: str = default_value("arch")
+    width: float = default_value("width")
     train: TrainConfig = TrainConfig()
-    memory: int = 2000
-    selection: str = "random"
-    seed: int = 0
-    device: str = "auto"
+    memory: int = default_value("memory")
+    selection: str = default_value("selection")
+    seed: int = default_value("seed")
+    device: str = default_value("device")
     pretrained: str | None = None  # Hub repo OWNER/NAME[@REVISION] or a .safetensors file (sbcli.hub.pretrained)
     pretrained_sha256: str | None = None
 
@@ -83,16 +79,17 @@ class SequenceOptions:
     tasks: int | None = None
     base: int | None = None
     increment: int | None = None
-    order_seed: int | None = 0
+    order_seed: int | None = default_value("order_seed")
     class_order: list[int] | None = None
     classes: int | None = None  # keep only the first N classes of the class order (a smaller benchmark)
     test_sample: bool = True  # carry a capped sample of the test images in the learner (False: private data)
 
 
 # How fast and where a run goes, not what it computes: a recipe may not set these.
+# Method fields given only through one comma-separated option (sb's --phase-epochs A,B,C gives epochs_a/b/c).
+PHASE_EPOCHS = tuple(f for fields in together_fields().values() for f in fields)
 RUN_CONTROL = frozenset({"out", "resume", "device", "download", "compile", "precision", "threads", "eval_batch_size",
                          "recipe"})
-PHASE_EPOCHS = ("epochs_a", "epochs_b", "epochs_c")  # sb's --phase-epochs A,B,C
 
 
 def _fields(cls: type) -> frozenset[str]:
@@ -106,15 +103,13 @@ def engine_keys() -> frozenset[str]:
 
 def method_keys() -> frozenset[str]:
     """Every field of every registered method's Config."""
-    from sbcli.methods import METHODS
-
     return frozenset().union(*(_fields(METHODS.get(name).config) for name in METHODS.names()))
 
 
 def known_keys() -> frozenset[str]:
     """Every setting a run takes, by name."""
     run = _fields(RunOptions) - {"train", "method_options"}
-    return _fields(SequenceOptions) | run | engine_keys() | method_keys() | {"phase_epochs", "out", "resume", "recipe"}
+    return _fields(SequenceOptions) | run | engine_keys() | method_keys() | set(together_fields()) | {"out", "resume", "recipe"}
 
 
 def recipe_keys() -> frozenset[str]:
@@ -155,8 +150,12 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
         ConfigError: a value is malformed (``--milestones``, ``--phase-epochs``) or refused.
     """
     o = merge(given, defaults_for(given.get("source")) if defaults is None else defaults)
-    _balance_with_bic(o, given)
-    method_options = {k: o.get(k) for k in sorted(method_keys())} | _phase_epochs(o.get("phase_epochs"))
+    method_options = {k: o.get(k) for k in sorted(method_keys())}
+    for name in together_fields():  # sb's --phase-epochs A,B,C
+        method_options |= split_together(name, o.get(name))
+    if o.get("balance_epochs"):  # none under an inference rule that takes none (BiC): a default dropped, an asked one refused
+        o["balance_epochs"] = balance_epochs(o.get("method") or RunOptions.method, method_options, o["balance_epochs"],
+                                             asked=bool(given.get("balance_epochs")))
     engine = {k: o[k] for k in engine_keys() if o.get(k) is not None}
     if "milestones" in engine:
         engine["milestones"] = _fractions(engine["milestones"])
@@ -171,26 +170,6 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
     run = RunOptions(method_options=method_options, train=TrainConfig(**engine),
                      **{k: o[k] for k in run_fields if o.get(k) is not None})
     return seq, run, None if o.get("out") is None else Path(o["out"])
-
-
-def _balance_with_bic(o: dict, given: dict) -> None:
-    """No balancing under BiC (:func:`sbcli.methods.balance.applies`): the default is dropped, an asked one refused."""
-    from sbcli.methods import balance
-
-    if balance.applies(o.get("inference")) or not o.get("balance_epochs"):
-        return
-    if given.get("balance_epochs"):
-        raise ConfigError(balance.BIC_REFUSAL)
-    o["balance_epochs"] = 0
-
-
-def _phase_epochs(value: Any) -> dict[str, int]:
-    if value is None:
-        return {}
-    parts = [p.strip() for p in str(value).split(",")]
-    if len(parts) != 3 or not all(p.isdigit() for p in parts):
-        raise ConfigError("--phase-epochs takes three whole numbers A,B,C, e.g. 200,200,200.")
-    return dict(zip(PHASE_EPOCHS, map(int, parts), strict=True))
 
 
 def _fractions(value: Any) -> tuple[float, ...]:

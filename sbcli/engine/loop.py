@@ -30,6 +30,7 @@ from torch import nn
 
 from sbcli.engine import distributed, schedule
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
+from sbcli.defaults import base
 from sbcli.engine.device import (
     PRECISIONS,
     compute_threads,
@@ -45,32 +46,33 @@ from sbcli.engine.selection import PhaseSelection, Validator
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Optimisation settings shared by every phase (defaults: the authors' schedule, docs/method.md §6).
+    """Optimisation settings shared by every phase (defaults: the ``value`` column of :data:`sbcli.defaults.DEFAULTS`,
+    the authors' schedule, docs/method.md §6).
 
     Each field is a CLI option of the same name (``--weight-decay``) and a recipe key
     (:mod:`sbcli.config.options`), and is recorded in the learner's ``train_config``.
     """
 
-    epochs: int = 200  # every phase: 200 epochs with a fresh optimiser
-    batch_size: int = 256
-    lr: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = True  # authors' code: SGD with Nesterov momentum
-    weight_decay: float = 5e-4
-    milestones: tuple[float, ...] = (0.3, 0.6, 0.8)  # 60/120/160 of 200 epochs
-    lr_decay: float = 0.1  # the schedule's gamma at every milestone
-    drop_last: bool = True  # authors' code: an epoch drops its last partial batch (unless it is the only one)
-    compile: bool = False  # torch.compile the student and the teacher (once per phase; slower to start)
-    eval_batch_size: int = 1024
-    precision: str = "auto"  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
-    threads: int | None = None  # CPU compute threads while training and evaluating; None: torch's default
-    warmup_epochs: float = 0.0  # linear lr warm-up at the start of every phase (sbcli.engine.schedule); 0: the paper's
-    zero_init_residual: bool = False  # last BN of each residual block starts at 0 (each block the identity)
-    val_fraction: float = 0.0  # held out of each step's data to pick every phase's best epoch (sbcli.engine.selection)
-    val_every: int = 0  # epochs between validation scores; 0: a fifth of the phase
-    incremental_lr: float | None = None  # the lr of every phase after the first step; None: ``lr`` (the paper's)
-    balance_epochs: int = 0  # class-balanced fine-tuning on the memory after each later step (sbcli.methods.balance); 0: none
-    balance_lr: float = 0.01  # its learning rate
+    epochs: int = base("epochs")  # every phase: a fresh optimiser
+    batch_size: int = base("batch_size")
+    lr: float = base("lr")
+    momentum: float = base("momentum")
+    nesterov: bool = base("nesterov")  # authors' code: SGD with Nesterov momentum
+    weight_decay: float = base("weight_decay")
+    milestones: tuple[float, ...] = base("milestones")  # fractions of a phase's epochs
+    lr_decay: float = base("lr_decay")  # the schedule's gamma at every milestone
+    drop_last: bool = base("drop_last")  # authors' code: an epoch drops its last partial batch (unless it is the only one)
+    compile: bool = base("compile")  # torch.compile the student and the teacher (once per phase; slower to start)
+    eval_batch_size: int = base("eval_batch_size")
+    precision: str = base("precision")  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
+    threads: int | None = base("threads")  # CPU compute threads while training and evaluating; None: torch's default
+    warmup_epochs: float = base("warmup_epochs")  # linear lr warm-up at the start of every phase (sbcli.engine.schedule); 0: the paper's
+    zero_init_residual: bool = base("zero_init_residual")  # last BN of each residual block starts at 0 (each block the identity)
+    val_fraction: float = base("val_fraction")  # held out of each step's data to pick every phase's best epoch (sbcli.engine.selection)
+    val_every: int = base("val_every")  # epochs between validation scores; 0: a fifth of the phase
+    incremental_lr: float | None = base("incremental_lr")  # the lr of every phase after the first step; None: ``lr`` (the paper's)
+    balance_epochs: int = base("balance_epochs")  # class-balanced fine-tuning on the memory after each later step (sbcli.methods.balance); 0: none
+    balance_lr: float = base("balance_lr")  # its learning rate
 
     def __post_init__(self) -> None:
         if not 0 <= self.val_fraction < 1:

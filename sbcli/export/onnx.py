@@ -38,7 +38,6 @@ from sbcli.data.device import Normalization
 from sbcli.errors import ExportError
 from sbcli.methods.inference import scoring_module
 from sbcli.learner.state import Learner
-from sbcli.methods import config_from_json
 from sbcli.serve import preprocess
 from sbcli.serve.providers import require_onnxruntime
 
@@ -140,7 +139,7 @@ class HalfModel(nn.Module):
 
 def inference_rule(learner: Learner) -> str:
     """The learner's inference rule (``wa``, ``none``, ``bic``, ``nme``, ...)."""
-    return config_from_json(learner.state.method, learner.state.method_config).inference
+    return learner.state.method_config.inference
 
 
 def serving_model(learner: Learner) -> ServingModel:

@@ -5,9 +5,10 @@ it cannot open alone, so the caller hands it in:
 
 - ``sb predict LEARNER``: :func:`open_learner`, the learner run in PyTorch (the graph the ONNX
   file is exported from);
-- ``sb serve LEARNER``: :data:`EXPORTER`, the import path of :func:`learner_onnx`, which exports
-  the learner to a cached ONNX file (an import path rather than the function, because each
-  ``--workers`` process finds it again from its configuration).
+- ``sb serve LEARNER``: :data:`EXPORTER`, this module's name: it implements
+  :class:`sbcli.serve.source.LearnerExporter` (:func:`learner_onnx`, :func:`kept_steps`,
+  :func:`step_onnx`: the learner and each kept step exported to the serve cache). A name rather
+  than the functions, because each ``--workers`` process finds it again from its configuration.
 
 Nothing here imports torch until a learner is opened.
 """
@@ -15,6 +16,7 @@ Nothing here imports torch until a learner is opened.
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +24,9 @@ from typing import Any
 import numpy as np
 
 from sbcli.serve import preprocess
-from sbcli.serve.source import cache_dir
+from sbcli.serve.cache import cache_dir
 
-EXPORTER = "sbcli.export.serving:learner_onnx"
+EXPORTER = "sbcli.export.serving"
 
 
 @dataclass
@@ -82,4 +84,27 @@ def learner_onnx(learner_dir: Path) -> Path:
 
         check_output_file(out, overwrite=False)
         export_onnx(Learner.load(learner_dir, "cpu"), out, OnnxConfig())  # atomic: concurrent workers each write a complete file
+    return out
+
+
+def kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
+    """The kept steps of a learner that are not past its current step (a rollback leaves later ones), with their files."""
+    from sbcli.learner.state import open_stored
+
+    stored = open_stored(learner_dir)
+    return {n: files for n, files in stored.kept.items() if n <= stored.current}
+
+
+def step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
+    """Kept step ``step`` exported to the serve cache (its files never change, so it is exported once)."""
+    key = hashlib.sha256(f"{learner_dir.resolve()}\0{step}\0{json.dumps(files, sort_keys=True)}".encode())
+    out = cache_dir() / f"{learner_dir.resolve().name}-step{step}-{key.hexdigest()[:16]}.onnx"
+    if not out.is_file():
+        from sbcli.export.onnx import OnnxConfig, export_onnx
+        from sbcli.learner.state import Learner
+        from sbcli.learner.store.outputs import check_output_file
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        check_output_file(out, overwrite=True)
+        export_onnx(Learner.load(learner_dir, "cpu", step), out, OnnxConfig())
     return out

@@ -1,12 +1,18 @@
 """A Triton Inference Server model repository for a learner.
 
-``export_triton(learner, repo)`` writes, all at once or not at all::
+``export_triton(learners, repo)`` writes, all at once or not at all::
 
     repo/NAME/config.pbtxt     platform onnxruntime_onnx, max_batch_size, dynamic_batching,
-                               input `images` [3, S, S] FP32 NCHW, output `logits` [C] FP32
-                               with label_filename
+                               version_policy all, input `images` [3, S, S] FP32 NCHW,
+                               output `logits` [C] FP32 with label_filename
     repo/NAME/labels.txt       the class names, one per line, in output order
-    repo/NAME/1/model.onnx     the checked ONNX export (version 1)
+    repo/NAME/N/model.onnx     the checked ONNX export of learner step N, for every kept step
+
+Versions are learner steps: Triton serves every one (``version_policy: { all { } }``) and a
+request that names no version gets the highest, the learner's current step. A learner's classes
+keep their label order from step to step (new classes are appended), so the one labels file is
+right for every version; when the versions have different class counts, the output's dims are
+``[ -1 ]``.
 
 Triton serves it with ``tritonserver --model-repository=repo``; KServe with a ``triton`` runtime
 pointed at the same folder (see docs/export.md). With ``max_batch_size > 0`` Triton adds the batch
@@ -20,6 +26,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,11 +61,13 @@ class TritonReport:
     repository: Path
     model_dir: Path
     name: str
-    onnx: OnnxReport
+    onnx: OnnxReport  # the latest version's
+    versions: tuple[int, ...] = (1,)
 
     def to_json(self) -> dict[str, Any]:
         return {"repository": str(self.repository), "model_dir": str(self.model_dir), "name": self.name,
-                "files": [CONFIG_FILE, LABELS_FILE, f"1/{MODEL_FILE}"], "onnx": self.onnx.to_json()}
+                "versions": list(self.versions), "files": [CONFIG_FILE, LABELS_FILE, *(f"{v}/{MODEL_FILE}" for v in self.versions)],
+                "onnx": self.onnx.to_json()}
 
 
 def model_name(cfg: TritonConfig) -> str:
@@ -67,10 +76,12 @@ def model_name(cfg: TritonConfig) -> str:
 
 
 def config_text(name: str, image_size: int, num_classes: int, cfg: TritonConfig) -> str:
-    """config.pbtxt for an sbcli ONNX export (float32 input and output, also for --half)."""
+    """config.pbtxt for sbcli ONNX exports (float32 input and output, also for --half); ``num_classes`` -1
+    when the versions differ."""
     return f"""name: "{name}"
 platform: "onnxruntime_onnx"
 max_batch_size: {cfg.max_batch_size}
+version_policy: {{ all {{ }} }}
 input [
   {{
     name: "{INPUT_NAME}"
@@ -93,33 +104,46 @@ dynamic_batching {{
 """
 
 
-def export_triton(learner: Learner, repository: Path, onnx_cfg: OnnxConfig | None = None,
+def export_triton(learners: Learner | Iterable[Learner], repository: Path, onnx_cfg: OnnxConfig | None = None,
                   cfg: TritonConfig | None = None) -> TritonReport:
-    """Write ``repository/NAME`` (config, labels, ``1/model.onnx``) for ``learner``.
+    """Write ``repository/NAME`` (config, labels, ``N/model.onnx`` for each learner, N its step).
+
+    ``learners``: one learner, or its kept steps oldest first (loaded one at a time); the last is the current one.
 
     Raises:
-        ExportError: ``repository/NAME`` already exists, a class name holds a line break, or the
+        ExportError: ``repository/NAME`` already exists, a class name holds a line break, or an
             ONNX export fails its check (then nothing is left).
     """
     onnx_cfg, cfg = onnx_cfg or OnnxConfig(), cfg or TritonConfig()
+    steps = [learners] if isinstance(learners, Learner) else learners
     repository = Path(repository)
     name = model_name(cfg)
     final = repository / name
     if final.exists():
         raise ExportError(f"{final} already exists; remove it or give another -o repository.")
-    names = learner.state.class_names
-    if any("\n" in n or "\r" in n for n in names):
-        raise ExportError("A class name holds a line break, which Triton's labels file cannot represent; rename the class.")
     repository.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=repository))
     try:
         os.chmod(work, 0o777 & ~current_umask())  # mkdtemp makes 0700; follow the umask like mkdir does
-        (work / "1").mkdir()
-        report = export_onnx(learner, work / "1" / MODEL_FILE, onnx_cfg)
+        versions, counts, last = [], set(), None
+        for learner in steps:
+            names = learner.state.class_names
+            if any("\n" in n or "\r" in n for n in names):
+                raise ExportError("A class name holds a line break, which Triton's labels file cannot represent; rename the class.")
+            step = learner.state.steps
+            (work / str(step)).mkdir()
+            report = export_onnx(learner, work / str(step) / MODEL_FILE, onnx_cfg)
+            versions.append(step)
+            counts.add(len(names))
+            last = (learner.state.image_size, names, report)
+        if last is None:
+            raise ExportError("The learner has no step to export; train it first.")
+        image_size, names, report = last
         (work / LABELS_FILE).write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
-        (work / CONFIG_FILE).write_text(config_text(name, learner.state.image_size, len(names), cfg), encoding="utf-8")
+        classes = len(names) if len(counts) == 1 else -1
+        (work / CONFIG_FILE).write_text(config_text(name, image_size, classes, cfg), encoding="utf-8")
         os.rename(work, final)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    onnx_report = OnnxReport(**{**report.__dict__, "path": final / "1" / MODEL_FILE})
-    return TritonReport(repository, final, name, onnx_report)
+    onnx_report = OnnxReport(**{**report.__dict__, "path": final / str(versions[-1]) / MODEL_FILE})
+    return TritonReport(repository, final, name, onnx_report, tuple(versions))

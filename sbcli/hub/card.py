@@ -13,6 +13,7 @@ preprocessing read from the ONNX metadata (the ``preprocess`` key).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Iterable
@@ -22,13 +23,9 @@ from typing import Any
 from sbcli import __version__
 from sbcli.data.records import public_record
 from sbcli.learner.state import LearnerState
+from sbcli.methods import METHODS
 from sbcli.metrics import history_summary
 
-METHOD_NAMES = {
-    "sb": "Split-and-Bridge (Kim & Choi, AAAI 2021)",
-    "std": "STD: lambda * KD + (1 - lambda) * CE (the standard knowledge-distillation baseline)",
-    "finetune": "fine-tuning on new data plus exemplars (the lower bound)",
-}
 INFERENCE_NAMES = {
     "wa": "weight aligning (folded into the head weights)",
     "none": "the plain head",
@@ -66,8 +63,15 @@ def _finite(value: Any) -> bool:
 
 def tags(state: LearnerState) -> list[str]:
     """The card's tags: the field's, plus the method (``split-and-bridge`` for sb)."""
-    method = "split-and-bridge" if state.method == "sb" else f"sbcli-{state.method}"
-    return [*TAGS[:2], method, *TAGS[2:]]
+    spec = METHODS.find(state.method)
+    tag = spec.hub_tag if spec is not None and spec.hub_tag else f"sbcli-{state.method}"
+    return [*TAGS[:2], tag, *TAGS[2:]]
+
+
+def method_title(name: str) -> str:
+    """How the card names a method (its registered title, else its name)."""
+    spec = METHODS.find(name)
+    return spec.title if spec is not None and spec.title else name
 
 
 def _sources(state: LearnerState) -> list[dict]:
@@ -158,13 +162,13 @@ def settings_block(state: LearnerState, inference: str) -> str:
     """Method, network, data and hyperparameters, as a list."""
     norm = state.normalization
     return "\n".join([
-        f"- method: `{state.method}`: {METHOD_NAMES.get(state.method, state.method)}",
+        f"- method: `{state.method}`: {method_title(state.method)}",
         f"- inference: `{inference}`: {INFERENCE_NAMES.get(inference, inference)}",
         f"- network: {state.arch}, width x{state.width}, input {state.image_size}x{state.image_size} RGB",
         *([f"- pretrained backbone: `{json.dumps(state.provenance['pretrained'])}`"] if "pretrained" in state.provenance else []),
         f"- normalisation: mean {norm['mean']}, std {norm['std']}",
-        f"- method hyperparameters: `{json.dumps(state.method_config)}`",
-        f"- training: `{json.dumps(state.train_config)}`",
+        f"- method hyperparameters: `{json.dumps(dataclasses.asdict(state.method_config))}`",
+        f"- training: `{json.dumps(dataclasses.asdict(state.train_config))}`",
         f"- exemplar memory: budget {state.memory['budget']}, selection {state.memory['selection']}",
         f"- provenance: `{json.dumps(state.provenance)}`",
     ])
@@ -235,7 +239,7 @@ def model_card(state: LearnerState, facts: CardFacts) -> str:
     repo_id, step = facts.repo_id, state.steps
     body = [
         f"# {repo_id.rsplit('/', maxsplit=1)[-1]}", "",
-        f"A class-incremental image classifier grown with sbcli by {METHOD_NAMES.get(state.method, state.method)}: "
+        f"A class-incremental image classifier grown with sbcli by {method_title(state.method)}: "
         f"{state.num_classes} classes learned in {step} task steps. {revisions_block(state, facts)}", "",
         "## What is inside", "", inside_block(state, facts), "",
         "## Classes, by the step that learned them", "", class_table(state), "",

@@ -16,8 +16,11 @@ still read.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import save as safetensors_bytes
@@ -26,7 +29,9 @@ from sbcli.learner import validate
 from sbcli.learner import test_sample as carried_sample
 from sbcli.learner.test_sample import CarriedSample
 from sbcli.data.device import Normalization
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import LearnerError
+from sbcli.jsonutil import config_from_json
 from sbcli.methods.memory import ExemplarMemory
 from sbcli.nets import create_model
 from sbcli.nets.resnet import IncrementalResNet
@@ -38,15 +43,20 @@ EXTRA_PREFIX = "extra."
 
 @dataclass
 class LearnerState:
-    """The JSON half of a learner (everything but tensors)."""
+    """The JSON half of a learner (everything but tensors), typed where a run reads it.
+
+    ``method_config`` is the method's ``Config`` and ``train_config`` the engine's
+    :class:`TrainConfig`; :meth:`to_json` and :meth:`from_json` are the one way between this and
+    ``learner.json``.
+    """
 
     arch: str
     width: float
     image_size: int
     normalization: dict
     method: str
-    method_config: dict
-    train_config: dict
+    method_config: Any  # the method's Config (sbcli.methods)
+    train_config: TrainConfig
     memory: dict  # budget, selection, seed
     seed: int
     class_names: list[str] = field(default_factory=list)
@@ -61,6 +71,31 @@ class LearnerState:
     @property
     def num_classes(self) -> int:
         return len(self.class_names)
+
+    def to_json(self) -> dict[str, Any]:
+        """The object ``learner.json`` (and each step's ``state.json``) holds."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["method_config"] = dataclasses.asdict(self.method_config)
+        data["train_config"] = dataclasses.asdict(self.train_config)
+        return copy.deepcopy(data)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LearnerState:
+        """The state of a checked ``learner.json`` object, of any format this version reads.
+
+        A setting that an older learner does not record takes the value the dataclass gives it
+        (the ``value`` column of :data:`sbcli.defaults.DEFAULTS`: the paper's, which is what the
+        engine did before the setting existed); lists come back as the tuples they were.
+
+        Raises:
+            TypeError: a field the state does not have (the caller says the file is damaged).
+            ConfigError: a method setting its method refuses.
+        """
+        from sbcli.methods import METHODS
+
+        typed = {**data, "train_config": config_from_json(TrainConfig, data["train_config"]),
+                 "method_config": config_from_json(METHODS.get(data["method"]).config, data["method_config"])}
+        return cls(**typed)
 
     @property
     def steps(self) -> int:
@@ -87,11 +122,11 @@ class Learner:
         ``keep``: keep only the last N steps (default: the learner's stored setting, all for a new one).
         The caller holds the writer lock when ``path`` may have other writers.
         """
-        commit_step(Path(path), self._payload(), asdict(self.state), keep)
+        commit_step(Path(path), self._payload(), self.state.to_json(), keep)
 
     def publish(self, folder: Path) -> None:
         """Write the current step alone into the new folder ``folder``, files at the root (for the Hub)."""
-        write_flat(Path(folder), self._payload(), asdict(self.state))
+        write_flat(Path(folder), self._payload(), self.state.to_json())
 
     def _payload(self) -> dict[str, bytes]:
         """The per-step files other than the state, as bytes (keys of ``sbcli.learner.store.layout.STEP_FILES``)."""
@@ -171,7 +206,7 @@ def _step_state(stored: Stored, step: int | None) -> LearnerState:
     if not isinstance(data, dict):
         raise LearnerError(f"{where} holds a JSON {type(data).__name__}, not an object; restore it from a copy.")
     try:
-        return LearnerState(**data)
+        return LearnerState.from_json(data)
     except TypeError as err:
         raise LearnerError(f"{where} has unexpected fields ({err}); restore it from a copy.") from err
 

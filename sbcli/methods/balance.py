@@ -6,7 +6,8 @@ aligning rescales the head but cannot undo what the features forgot. Once the me
 per-class quota of every seen class (the new ones included), it is a class-balanced training set:
 a few epochs of cross-entropy on it at a small learning rate (EEIL, Castro et al. 2018; LUCIR's
 class-balanced fine-tuning) give every seen class the same weight. The task loop
-(:func:`sbcli.run.steps.learn_step`) runs it for every method after the first step; under weight
+(:func:`sbcli.run.steps.learn_step`) runs it after the first step for every method whose inference rule takes it
+(:func:`sbcli.methods.base.balance_epochs`); under weight
 aligning the head bias stays at zero, as in the method's own phases.
 
 Measured before it became the own-data default: docs/benchmarks.md ("Keeping the old classes").
@@ -20,16 +21,6 @@ from sbcli.data.device import DeviceData
 from sbcli.engine.loop import Engine, Phase, PhaseReport
 from sbcli.methods.common import ce, zero_head_bias
 from sbcli.nets.resnet import IncrementalResNet
-
-
-BIC_REFUSAL = ("--balance-epochs does not go with --inference bic (its bias layer already corrects the new classes' "
-               "bias); drop one of them.")
-
-
-def applies(inference: str | None) -> bool:
-    """Balancing runs under every inference rule but BiC's, whose bias layer is fit on the network as the
-    step leaves it: balancing after it would undo what the layer measured."""
-    return inference != "bic"
 
 
 def balance_phase(epochs: int, lr: float, hold_bias_at_zero: bool) -> Phase:

@@ -1,7 +1,11 @@
-"""What a method is: a Config dataclass and ``learn_task(ctx, cfg) -> TaskResult``.
+"""What a method is: a Config dataclass, ``learn_task(ctx, cfg) -> TaskResult``, its phase plan and its inference rules.
 
 The engine owns the task loop (grow the head, call ``learn_task``, update the memory,
-evaluate, save); a method owns only what differs, written as a short list of phases.
+evaluate, save); a method owns only what differs, written as a short list of phases. Everything
+that makes a method different lives in its one file: the options (the fields of its ``Config``,
+each with its help as ``option(default, "help")``: `sb train` offers them, :mod:`sbcli.methods.options`),
+how many epochs a later step trains (``plan``), and which inference rules it takes. A method
+file imports torch inside its functions only, so that the CLI can read its options without it.
 """
 
 from __future__ import annotations
@@ -9,16 +13,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from sbcli.data.device import DeviceData
-from sbcli.engine.loop import Engine, PhaseReport
 from sbcli.errors import ConfigError
-from sbcli.metrics import StepMetrics
-from sbcli.nets.resnet import IncrementalResNet
 from sbcli.registry import Registry
+
+if TYPE_CHECKING:  # a method file is read without torch (the CLI builds its options from the Config)
+    import torch
+
+    from sbcli.data.device import DeviceData
+    from sbcli.engine.loop import Engine, PhaseReport
+    from sbcli.metrics import StepMetrics
+    from sbcli.nets.resnet import IncrementalResNet
 
 
 @dataclass
@@ -63,25 +69,67 @@ class TaskResult:
     extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
+Plan = Callable[[Any, int, int, int], int]  # (cfg, --epochs, C_old, C_total) -> epochs of a later step's own phases
+
+
+def one_phase(cfg: Any, epochs: int, num_old: int, num_total: int) -> int:
+    """The plan of a method whose later steps train one phase of ``--epochs``."""
+    return epochs
+
+
+# Inference rules after which no class-balanced fine-tuning runs (``--balance-epochs``): BiC's bias layer
+# is fit on the network as the step leaves it, and balancing after it would undo what the layer measured.
+INFERENCE_HELP = ("Inference rule: wa (weight aligning), bic (a bias layer), icarl (nearest mean of exemplars) or none "
+                  "(the plain head)")
+UNBALANCED_RULES = frozenset({"bic"})
+BALANCE_REFUSAL = ("--balance-epochs does not go with --inference bic (its bias layer already corrects the new "
+                   "classes' bias); drop one of them.")
+
+
 @dataclass(frozen=True)
 class MethodSpec:
+    """A registered method: its Config, its step, its one-line summary, its inference rules and its phase plan."""
+
     name: str
     config: type
     learn_task: Callable[[TaskContext, Any], TaskResult]
     summary: str
+    inferences: tuple[str, ...] = ("none",)
+    plan: Plan = one_phase
+    title: str | None = None  # how a model card names it (None: its name)
+    hub_tag: str | None = None  # its tag on the Hub (None: sbcli-NAME)
+
+    def balances(self, cfg: Any) -> bool:
+        """Whether class-balanced fine-tuning may follow a later step under ``cfg``'s inference rule."""
+        return getattr(cfg, "inference", None) not in UNBALANCED_RULES
 
 
 METHODS: Registry[MethodSpec] = Registry("method")
 
 
-def register_method(name: str, config: type, summary: str) -> Callable:
-    """Decorator: register ``learn_task`` under ``name`` with its Config dataclass."""
+def register_method(name: str, config: type, summary: str, inferences: tuple[str, ...] = ("none",),
+                    plan: Plan = one_phase, title: str | None = None, hub_tag: str | None = None) -> Callable:
+    """Decorator: register ``learn_task`` under ``name`` with its Config dataclass, inference rules and plan
+    (and how a model card names it)."""
 
     def add(fn: Callable[[TaskContext, Any], TaskResult]) -> Callable[[TaskContext, Any], TaskResult]:
-        METHODS.register(name)(MethodSpec(name, config, fn, summary))
+        METHODS.register(name)(MethodSpec(name, config, fn, summary, inferences, plan, title, hub_tag))
         return fn
 
     return add
+
+
+def option(default: Any, help_text: str, default_text: str | None = None, together: str | None = None) -> Any:
+    """A Config field that `sb train` offers as ``--NAME``, with its help.
+
+    Args:
+        default: the method's default.
+        help_text: one sentence for the help (its default is stated after it).
+        default_text: what the default means when it stands for something else (None: "--epochs").
+        together: the name of one comma-separated option that gives this field with its neighbours of the
+            same ``together`` (``--phase-epochs A,B,C`` for ``epochs_a``, ``epochs_b``, ``epochs_c``).
+    """
+    return field(default=default, metadata={"help": help_text, "default_text": default_text, "together": together})
 
 
 def build_config(name: str, options: dict[str, Any]) -> Any:
@@ -100,9 +148,17 @@ def build_config(name: str, options: dict[str, Any]) -> Any:
     return spec.config(**given)
 
 
-def config_from_json(name: str, data: dict[str, Any]) -> Any:
-    """Rebuild a stored method Config (tuples come back from JSON as lists)."""
-    spec = METHODS.get(name)
-    types = {f.name: f.type for f in dataclasses.fields(spec.config)}
-    fixed = {k: tuple(v) if isinstance(v, list) and "tuple" in str(types.get(k, "")) else v for k, v in data.items()}
-    return spec.config(**fixed)
+def balance_epochs(name: str, options: Any, epochs: int, asked: bool) -> int:
+    """The class-balanced fine-tuning epochs a learner of method ``name`` with ``options`` (its Config, or its
+    options by name) runs: ``epochs``, or 0 where its inference rule takes none (a default dropped; an asked
+    number refused).
+
+    Raises:
+        ConfigError: ``asked`` for a positive number under a rule that takes none.
+    """
+    cfg = options if dataclasses.is_dataclass(options) else build_config(name, options)
+    if not epochs or METHODS.get(name).balances(cfg):
+        return epochs
+    if asked:
+        raise ConfigError(BALANCE_REFUSAL)
+    return 0

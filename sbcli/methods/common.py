@@ -90,3 +90,14 @@ def learn_first_task(ctx: TaskContext, head_rules: bool) -> TaskResult:
     """Step 1: plain CE; with ``head_rules`` the head bias stays zero and negative weights are clipped."""
     phase = head_rules_phase(ctx.model, Phase("base", ce, ctx.epochs), head_rules)
     return TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
+
+
+class PairTeacher(nn.Module):
+    """Both teachers of double distillation in one forward: [old model's logits | temporary network's logits]."""
+
+    def __init__(self, old: nn.Module, new: nn.Module) -> None:
+        super().__init__()
+        self.old, self.new = old, new
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.old(x), self.new(x)], dim=1)

@@ -15,27 +15,31 @@ stored in the learner.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import torch
-from torch import nn
-
-from sbcli.data.device import DeviceData
-from sbcli.engine.loop import Phase, PhaseReport, StepOutputs
 from sbcli.errors import ConfigError
-from sbcli.methods.losses import ce_loss, kd_loss
-from sbcli.methods.base import TaskContext, TaskResult, register_method
-from sbcli.methods.common import ce, head_rules_phase, learn_first_task, run_with_wa
+from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from sbcli.data.device import DeviceData
+    from sbcli.engine.loop import PhaseReport, StepOutputs
 
 INFERENCES = ("wa", "none")
 
 
 @dataclass(frozen=True)
 class Config:
-    inference: str = "wa"  # docs/method.md §10: DD + WA
-    first_task_rules: bool = True  # authors' code: zero head bias, clip negative head weights in step 1
-    aux_epochs: int | None = None  # epochs of the temporary network; None: the run's --epochs
-    aux_head_rules: bool = False  # the temporary network trained with plain CE (DMC); True: with step 1's head rules
-    wa_clip: bool = False  # WA: clip negative head weights in every step, as WA's authors do (S&B's code: step 1 only)
+    inference: str = option("wa", INFERENCE_HELP)
+    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
+                                          "(the authors' code).")
+    aux_epochs: int | None = option(None, "Epochs of the temporary new-task network.", default_text="--epochs")
+    aux_head_rules: bool = option(False, "Train the temporary network with step 1's head rules (off: plain CE, "
+                                         "as DMC).")
+    wa_clip: bool = option(False, "With --inference wa: clip negative head weights in every step, as WA's authors "
+                                  "(off: step 1 only, as S&B's code).")
 
     def __post_init__(self) -> None:
         if self.inference not in INFERENCES:
@@ -44,19 +48,23 @@ class Config:
             raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
 
 
-class PairTeacher(nn.Module):
-    """Both teachers in one forward: [old model's logits | temporary network's logits]."""
+def __getattr__(name: str) -> Any:
+    """``dd.PairTeacher``: the module of both teachers lives with the torch code (:mod:`sbcli.methods.common`)."""
+    if name == "PairTeacher":
+        from sbcli.methods.common import PairTeacher
 
-    def __init__(self, old: nn.Module, new: nn.Module) -> None:
-        super().__init__()
-        self.old, self.new = old, new
+        return PairTeacher
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.old(x), self.new(x)], dim=1)
+
+def plan(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
+    """A later step trains the temporary network, then the main one."""
+    return (epochs if cfg.aux_epochs is None else cfg.aux_epochs) + epochs
 
 
 def double_distillation_loss(num_old: int, lam: float):
     """lambda * KD(old logits) + (1 - lambda) * KD(new logits) + (1 - lambda) * CE."""
+    from sbcli.methods.losses import ce_loss, kd_loss
 
     def loss(out: StepOutputs) -> torch.Tensor:
         t = out.teacher_logits
@@ -69,6 +77,8 @@ def double_distillation_loss(num_old: int, lam: float):
 
 def new_task_data(data: DeviceData, num_old: int) -> DeviceData:
     """The new classes' images alone, labels shifted to ``range(C_new)``."""
+    from sbcli.data.device import DeviceData
+
     keep = data.labels >= num_old
     return DeviceData(data.images[keep], data.labels[keep] - num_old)
 
@@ -82,6 +92,9 @@ def train_temporary_network(ctx: TaskContext, epochs: int, head_rules: bool = Fa
     Raises:
         ConfigError: the run gives no way to build a second network.
     """
+    from sbcli.engine.loop import Phase
+    from sbcli.methods.common import ce, head_rules_phase
+
     if ctx.make_aux_model is None:
         raise ConfigError("--method dd needs a temporary network, which this run cannot build; use `sb train`.")
     aux = ctx.make_aux_model(ctx.num_total - ctx.num_old)
@@ -93,8 +106,12 @@ def train_temporary_network(ctx: TaskContext, epochs: int, head_rules: bool = Fa
     return aux, report
 
 
-@register_method("dd", Config, "double distillation: a temporary new-task network as a second teacher, then WA")
+@register_method("dd", Config, "double distillation: a temporary new-task network as a second teacher, then WA",
+                 INFERENCES, plan)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
+    from sbcli.engine.loop import Phase
+    from sbcli.methods.common import PairTeacher, learn_first_task, run_with_wa
+
     if ctx.step == 0:
         return learn_first_task(ctx, cfg.first_task_rules)
     epochs = ctx.epochs if cfg.aux_epochs is None else cfg.aux_epochs

@@ -17,14 +17,14 @@ import dataclasses
 from dataclasses import dataclass
 
 from sbcli.errors import ConfigError
-from sbcli.methods.base import TaskContext, TaskResult, register_method
-from sbcli.methods.common import learn_first_task
+from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
 
 
 @dataclass(frozen=True)
 class Config:
-    inference: str = "none"  # the plain head: nothing to correct when every class is trained together
-    first_task_rules: bool = True  # same training as any method's first task
+    inference: str = option("none", INFERENCE_HELP)
+    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
+                                          "(the authors' code).")
 
     def __post_init__(self) -> None:
         if self.inference != "none":
@@ -33,6 +33,8 @@ class Config:
 
 @register_method("joint", Config, "oracle: retrain from scratch on every class seen (upper bound)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
+    from sbcli.methods.common import learn_first_task
+
     if ctx.seen_data is None:
         raise ConfigError("--method joint retrains on the images of every class seen, which add-task does not have; "
                           "train the whole sequence with `sb train --method joint` instead.")

@@ -11,29 +11,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from sbcli.engine.loop import LossFn, Phase, StepOutputs
 from sbcli.errors import ConfigError
-from sbcli.methods.losses import kd_loss, localized_ce
-from sbcli.methods.base import TaskContext, TaskResult, register_method
-from sbcli.methods.common import frozen_copy, kd_ce, learn_first_task, weight_align, zero_head_bias
-from sbcli.nets.partition import (
-    Partition,
-    bridge,
-    cross_norm,
-    disconnect,
-    enforce_masks,
-    make_partition,
-    reset_split_batchnorms,
-    sparsity_code,
-    sparsity_paper,
-)
-from sbcli.nets.resnet import IncrementalResNet
+from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
 
-Penalty = Callable[[IncrementalResNet, Partition], torch.Tensor]
-SPARSITY_FORMS: dict[str, Penalty] = {"code": sparsity_code, "paper": sparsity_paper}
+if TYPE_CHECKING:
+    import torch
+
+    from sbcli.engine.loop import LossFn, StepOutputs
+    from sbcli.nets.partition import Partition
+    from sbcli.nets.resnet import IncrementalResNet
+
+    Penalty = Callable[[IncrementalResNet, Partition], torch.Tensor]
+
+SPARSITY_FORMS = ("code", "paper")  # the authors' group lasso (sbcli.nets.partition.sparsity_code) or the paper's
+INFERENCES = ("wa", "none")
 # gamma when --gamma is not given. code: the authors' gamma = 1. paper: the paper form is about 87x
 # the code form on the paper's ResNet-18 at initialisation (median code/paper value ratio 0.0115
 # over seeds 0-2 and the six step-2 splits of the paper's benchmarks, benchmarks/sparsity_gamma.py),
@@ -43,15 +36,19 @@ DEFAULT_GAMMA = {"code": 1.0, "paper": 0.0115}
 
 @dataclass(frozen=True)
 class Config:
-    rho: float = 1.0  # paper: 1.0 to 1.4 (docs/method.md §6 table)
-    sparsity: str = "code"  # authors' group lasso (produced the published numbers) or "paper"
-    gamma: float | None = None  # None: DEFAULT_GAMMA of the sparsity form (code: the authors' 1)
-    bn_reset: bool = False  # authors' code re-creates stage-4 BN at disconnect and bridge
-    epochs_a: int | None = None  # None: the run's --epochs
-    epochs_b: int | None = None
-    epochs_c: int | None = None
-    inference: str = "wa"  # weight aligning after phase C
-    first_task_rules: bool = True  # authors' code: zero head bias, clip negative head weights in step 1
+    rho: float = option(1.0, "Split ratio factor (the paper: 1.0 to 1.4).")
+    sparsity: str = option("code", "Sparsity penalty of phase A: 'code' (the authors' group lasso, which produced "
+                                   "the published numbers) or 'paper'.")
+    gamma: float | None = option(None, "Weight of the sparsity penalty.",
+                                 default_text="1 with --sparsity code, 0.0115 with paper")
+    bn_reset: bool = option(False, "Reset stage-4 BatchNorm at disconnect and bridge (the authors' code).")
+    epochs_a: int | None = option(None, "Epochs of phases A,B,C, e.g. 200,200,200.", default_text="--epochs each",
+                                  together="phase_epochs")
+    epochs_b: int | None = option(None, "", together="phase_epochs")
+    epochs_c: int | None = option(None, "", together="phase_epochs")
+    inference: str = option("wa", INFERENCE_HELP)
+    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
+                                          "(the authors' code).")
 
     def __post_init__(self) -> None:
         if self.sparsity not in SPARSITY_FORMS:
@@ -60,13 +57,21 @@ class Config:
             object.__setattr__(self, "gamma", DEFAULT_GAMMA[self.sparsity])
         if self.rho <= 0:
             raise ConfigError("--rho must be positive (the paper uses 1.0 to 1.4).")
-        if self.inference not in ("wa", "none"):
+        if self.inference not in INFERENCES:
             raise ConfigError("--inference for sb is 'wa' or 'none'.")
+
+
+def penalty_of(form: str) -> Penalty:
+    """The sparsity penalty of ``form`` (one of :data:`SPARSITY_FORMS`)."""
+    from sbcli.nets.partition import sparsity_code, sparsity_paper
+
+    return {"code": sparsity_code, "paper": sparsity_paper}[form]
 
 
 def separated_loss(num_old: int, penalty: Penalty | None = None, gamma: float = 0.0,
                    partition: Partition | None = None) -> LossFn:
     """KD (old logits, teacher t-1) + LCE, plus gamma * sparsity in phase A."""
+    from sbcli.methods.losses import kd_loss, localized_ce
 
     def loss(out: StepOutputs) -> torch.Tensor:
         total = kd_loss(out.logits[:, :num_old], out.teacher_logits) + localized_ce(out.logits, out.targets, num_old)
@@ -77,15 +82,33 @@ def separated_loss(num_old: int, penalty: Penalty | None = None, gamma: float = 
     return loss
 
 
-bridge_loss = kd_ce  # phase C: lambda * KD + (1 - lambda) * CE; the teacher is the split model, KD on its old logits
+def bridge_loss(num_old: int, lam: float) -> LossFn:
+    """Phase C: lambda * KD + (1 - lambda) * CE; the teacher is the split model, KD on its old logits."""
+    from sbcli.methods.common import kd_ce
+
+    return kd_ce(num_old, lam)
+
+
+def plan(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
+    """A later step trains phases A, B and C when it is split (0 < bf < 1), C alone otherwise."""
+    from sbcli.nets.partition import split_fraction
+
+    bf = split_fraction(cfg.rho, num_old, num_total)
+    c = _epochs(cfg.epochs_c, epochs)
+    return _epochs(cfg.epochs_a, epochs) + _epochs(cfg.epochs_b, epochs) + c if 0 < bf < 1 else c
 
 
 def _epochs(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-@register_method("sb", Config, "Split-and-Bridge: split, separated learning, bridge, WA")
+@register_method("sb", Config, "Split-and-Bridge: split, separated learning, bridge, WA", INFERENCES, plan,
+                 title="Split-and-Bridge (Kim & Choi, AAAI 2021)", hub_tag="split-and-bridge")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
+    from sbcli.engine.loop import Phase
+    from sbcli.methods.common import learn_first_task, weight_align
+    from sbcli.nets.partition import make_partition
+
     if ctx.step == 0:
         return learn_first_task(ctx, cfg.first_task_rules)
     partition = make_partition(ctx.model, cfg.rho, ctx.num_old)
@@ -103,9 +126,13 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
 
 def _split_phases(ctx: TaskContext, cfg: Config, partition: Partition, result: TaskResult) -> None:
     """Phases A and B with the disconnect between them, then the bridge and phase C."""
+    from sbcli.engine.loop import Phase
+    from sbcli.methods.common import frozen_copy, zero_head_bias
+    from sbcli.nets.partition import bridge, cross_norm, disconnect, enforce_masks, reset_split_batchnorms
+
     model, num_old = ctx.model, ctx.num_old
     zero_head_bias(model)
-    penalty = SPARSITY_FORMS[cfg.sparsity]
+    penalty = penalty_of(cfg.sparsity)
     phase_a = Phase("A", separated_loss(num_old, penalty, cfg.gamma, partition), _epochs(cfg.epochs_a, ctx.epochs),
                     teacher=ctx.teacher, after_step=(zero_head_bias,))
     result.phases.append(ctx.engine.run(model, ctx.data, phase_a))

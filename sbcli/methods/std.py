@@ -9,26 +9,30 @@ after each step), ``bic`` (a bias layer fit on held-out data, :mod:`sbcli.method
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from sbcli.engine.loop import Phase, StepOutputs
 from sbcli.errors import ConfigError
-from sbcli.methods.losses import ce_loss, kd_loss
-from sbcli.methods.base import TaskContext, TaskResult, register_method
-from sbcli.methods.bic import BiasTraining, learn_bic_step
-from sbcli.methods.common import kd_ce, learn_first_task, run_with_wa
+from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+
+if TYPE_CHECKING:
+    import torch
+
+    from sbcli.engine.loop import StepOutputs
 
 INFERENCES = ("wa", "none", "bic", "icarl")
 
 
 @dataclass(frozen=True)
 class Config:
-    inference: str = "wa"  # docs/method.md §10: STD + WA is the paper's strongest STD variant
-    first_task_rules: bool = True  # authors' code: zero head bias, clip negative head weights in step 1
-    bic_val_fraction: float = 0.1  # BiC: a tenth of the per-class exemplar quota is held out for the bias layer
-    wa_clip: bool = False  # WA: clip negative head weights in every step, as WA's authors do (S&B's code: step 1 only)
-    nme_flips: bool = True  # iCaRL: class means over the exemplars and their flips, as iCaRL's code (PyCIL: no flips)
+    inference: str = option("wa", INFERENCE_HELP)
+    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
+                                          "(the authors' code).")
+    bic_val_fraction: float = option(0.1, "With --inference bic: share of each class's exemplar quota held out to fit "
+                                          "the bias layer.")
+    wa_clip: bool = option(False, "With --inference wa: clip negative head weights in every step, as WA's authors "
+                                  "(off: step 1 only, as S&B's code).")
+    nme_flips: bool = option(True, "With --inference icarl: class means over the exemplars and their flips "
+                                   "(on: iCaRL's code; off: PyCIL).")
 
     def __post_init__(self) -> None:
         if self.inference not in INFERENCES:
@@ -39,12 +43,17 @@ class Config:
 
 def icarl_loss(out: StepOutputs) -> torch.Tensor:
     """iCaRL's training loss as the paper's baseline uses it: CE + KD(old logits), unweighted."""
+    from sbcli.methods.losses import ce_loss, kd_loss
+
     num_old = out.teacher_logits.shape[1]
     return kd_loss(out.logits[:, :num_old], out.teacher_logits) + ce_loss(out.logits, out.targets)
 
 
-@register_method("std", Config, "lambda*KD + (1-lambda)*CE, with WA (default), BiC, iCaRL (NME) or no inference rule")
+@register_method("std", Config, "lambda*KD + (1-lambda)*CE, with WA (default), BiC, iCaRL (NME) or no inference rule",
+                 INFERENCES, title="STD: lambda * KD + (1 - lambda) * CE (the standard knowledge-distillation baseline)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
+    from sbcli.methods.common import learn_first_task
+
     if ctx.step == 0:
         if cfg.inference in ("bic", "icarl") and ctx.memory_budget < ctx.num_total:
             raise ConfigError(f"--inference {cfg.inference} needs exemplars of every class; give --memory of at least "
@@ -54,17 +63,24 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
 
 
 def _learn_bic(ctx: TaskContext, cfg: Config) -> TaskResult:
+    from sbcli.methods.bic import BiasTraining, learn_bic_step
+
     return learn_bic_step(ctx, BiasTraining(val_fraction=cfg.bic_val_fraction))
 
 
 def _learn_icarl(ctx: TaskContext, cfg: Config) -> TaskResult:
     """CE + KD; the class means that score at inference are refreshed after the memory update."""
+    from sbcli.engine.loop import Phase
+
     phase = Phase("std", icarl_loss, ctx.epochs, teacher=ctx.teacher)
     return TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
 
 
 def _learn_std(ctx: TaskContext, cfg: Config) -> TaskResult:
     """The STD loss; with ``wa`` the head bias stays zero and the new rows are aligned afterwards."""
+    from sbcli.engine.loop import Phase
+    from sbcli.methods.common import kd_ce, run_with_wa
+
     phase = Phase("std", kd_ce(ctx.num_old, ctx.lam), ctx.epochs, teacher=ctx.teacher)
     return run_with_wa(ctx, phase, cfg.inference == "wa", clip=cfg.wa_clip)
 

@@ -9,13 +9,14 @@ it, and the terminal says what became of them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sbcli.methods import balance
 from sbcli.errors import ConfigError, LearnerError
 from sbcli.learner.state import Learner
 from sbcli.methods.memory import class_quotas
+from sbcli.methods.base import balance_epochs
 
 
 @dataclass(frozen=True)
@@ -36,9 +37,8 @@ def set_balance(learner: Learner, epochs: int | None) -> None:
         return
     if epochs < 0:
         raise ConfigError(f"--balance-epochs {epochs} is negative; give 0 (no balancing) or more.")
-    if epochs and not balance.applies(learner.state.method_config.get("inference")):
-        raise ConfigError(balance.BIC_REFUSAL)
-    learner.state.train_config["balance_epochs"] = epochs
+    epochs = balance_epochs(learner.state.method, learner.state.method_config, epochs, asked=True)
+    learner.state.train_config = dataclasses.replace(learner.state.train_config, balance_epochs=epochs)
 
 
 def check_rehearsal(learner: Learner, where: Path, no_rehearsal: bool) -> None:

@@ -10,13 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sbcli.engine import selection
-from sbcli.methods.balance import applies, balanced_finetune
+from sbcli.methods.balance import balanced_finetune
 from sbcli.data.device import DeviceData
 from sbcli.data.imageset import ImageSet
 from sbcli.engine.loop import Engine
 from sbcli.methods.inference import outside_network, refresh_state, scores
 from sbcli.learner.state import Learner, LearnerState
-from sbcli.methods import METHODS, TaskContext, TaskResult, config_from_json
+from sbcli.methods import METHODS, TaskContext, TaskResult
+from sbcli.methods.base import balance_epochs
 from sbcli.methods.common import frozen_copy
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
@@ -51,7 +52,7 @@ def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet, *, networ
 
 
 def _rule(learner: Learner) -> str:
-    return config_from_json(learner.state.method, learner.state.method_config).inference
+    return learner.state.method_config.inference
 
 
 def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: list[str], engine: Engine,
@@ -69,17 +70,17 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     state.class_task.extend([step] * len(new_classes))
     if step > 0:
         learner.model.expand_classes(len(new_classes))
-    fraction = state.train_config.get("val_fraction", 0.0)  # --val-fraction: held out of new images and exemplars
+    fraction = state.train_config.val_fraction  # --val-fraction: held out of new images and exemplars
     parts, held = selection.split([(train.images, train.labels), learner.memory.tensors()], fraction,
                                   state.seed * 1000 + step)
     data = DeviceData.join(parts, engine.device)
     validator = None if held is None else selection.Validator(
-        held[0], held[1], state.num_classes, state.train_config.get("val_every", 0))
+        held[0], held[1], state.num_classes, state.train_config.val_every)
     method = METHODS.get(state.method)
-    cfg = config_from_json(state.method, state.method_config)
+    cfg = state.method_config
     engine = engine.for_step(step + 1, validator)
     ctx = TaskContext(step=step, model=learner.model, teacher=teacher, data=data, num_old=num_old,
-                      num_total=state.num_classes, engine=engine, epochs=state.train_config["epochs"],
+                      num_total=state.num_classes, engine=engine, epochs=state.train_config.epochs,
                       evaluate=lambda: evaluate_learner(learner, engine, test),
                       make_aux_model=lambda n: create_model(state.arch, n, state.width).to(engine.device),
                       extra=dict(learner.extra), memory_budget=learner.memory.budget,
@@ -109,12 +110,15 @@ def _balance(learner: Learner, engine: Engine, step: int, inference: str, result
     accuracy before it (``before_balance``) and its phase; True when it ran.
     """
     tc = learner.state.train_config
-    epochs = int(tc.get("balance_epochs", 0))
-    if step == 0 or epochs <= 0 or len(learner.memory) == 0 or not applies(inference):
+    epochs = tc.balance_epochs
+    if step == 0 or len(learner.memory) == 0:
+        return False
+    epochs = balance_epochs(learner.state.method, learner.state.method_config, epochs, asked=False)
+    if epochs <= 0:
         return False
     engine = engine.for_step(engine.task)  # the held-out images picked the method's epochs; this phase keeps its last
     result.record["before_balance"] = evaluate_learner(learner, engine, test).to_json()
-    report = balanced_finetune(learner.model, learner.memory.tensors(), engine, epochs, float(tc.get("balance_lr", 0.01)),
+    report = balanced_finetune(learner.model, learner.memory.tensors(), engine, epochs, tc.balance_lr,
                                hold_bias_at_zero=inference == "wa")
     if report is not None:
         result.phases.append(report)

@@ -1,7 +1,8 @@
 """The ``sb serve`` HTTP application (Starlette on uvicorn).
 
 Routes: ``POST /predict`` (multipart image files, JSON ``{"images": [base64, ...]}`` or one raw
-image body; ``top_k`` as a query parameter or JSON field), ``GET /health``, ``GET /metadata``.
+image body; ``top_k`` as a query parameter or JSON field), ``GET /health``, ``GET /metadata``; the
+Open Inference Protocol under ``/v2`` and ``GET /metrics`` (:mod:`sbcli.serve.oip`).
 Requests are refused before they are read whole when they are too large: at once from their
 Content-Length, else while streaming. A bad image is a 400 with one sentence; the server goes on.
 """
@@ -12,6 +13,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -29,6 +31,7 @@ from starlette.routing import Route
 
 from sbcli.errors import SbcliError
 from sbcli.serve import source as sources
+from sbcli.serve.http import HTTPError, read_body
 from sbcli.serve.batching import BatchConfig, Batcher
 from sbcli.serve.predict import top_k as rank
 
@@ -49,7 +52,17 @@ class ServeConfig:
     max_images: int = 64
     reload_interval_s: float = 2.0  # 0: never reload
     threads: int | None = None
-    exporter: str | None = None  # "module:function" exporting a learner directory to ONNX (the CLI names it)
+    cuda_graph: bool = False  # the GPU options (sbcli.serve.gpu)
+    trt_fp16: bool = False
+    trt_cache: str | None = None
+    exporter: str | None = None  # the module that exports a learner directory (sbcli.serve.source.LearnerExporter)
+
+    def gpu(self) -> Any:
+        """The GPU options as :class:`sbcli.serve.gpu.GpuOptions` (None when all are off: the providers' defaults)."""
+        from sbcli.serve.gpu import GpuOptions
+
+        options = GpuOptions(self.cuda_graph, self.trt_fp16, self.trt_cache)
+        return None if options == GpuOptions() else options
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -57,12 +70,6 @@ class ServeConfig:
     @classmethod
     def from_env(cls) -> ServeConfig:
         return cls(**json.loads(os.environ[CONFIG_ENV]))
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, sentence: str) -> None:
-        super().__init__(sentence)
-        self.status = status
 
 
 @dataclass
@@ -74,6 +81,8 @@ class Server:
     batcher: Batcher = field(init=False)
     reloads: int = 0
     started: float = field(default_factory=time.time)
+    failing: str | None = None  # why the last changed source did not load (None: serving the latest)
+    metrics: Any = None  # sbcli.serve.metrics.Metrics, set by create_app
 
     def __post_init__(self) -> None:
         self.batcher = Batcher(BatchConfig(self.cfg.max_batch_size, self.cfg.max_wait_ms))
@@ -84,7 +93,8 @@ class Server:
 
     def load(self) -> None:
         if self.loaded is None:
-            self.loaded = sources.load(self.source, self.cfg.provider, self.cfg.threads, exporter=self.cfg.exporter)
+            self.loaded = sources.load(self.source, self.cfg.provider, self.cfg.threads, gpu=self.cfg.gpu(),
+                                       exporter=self.cfg.exporter)
 
     async def watch(self) -> None:
         """Poll the source; load a changed model beside the old one and swap it in."""
@@ -97,13 +107,15 @@ class Server:
                 continue
             version = self.loaded.version + 1
             try:
-                new = await loop.run_in_executor(None, sources.load, self.source, self.cfg.provider, self.cfg.threads, version,
-                                                 self.cfg.exporter)
+                new = await loop.run_in_executor(None, functools.partial(sources.load, self.source, self.cfg.provider,
+                                                                         self.cfg.threads, version, gpu=self.cfg.gpu(),
+                                                                         exporter=self.cfg.exporter))
             except SbcliError as err:
                 logger.warning("Kept model version %d: the changed %s did not load (%s)", self.loaded.version, self.source, err)
                 watcher.failed()
+                self.failing = str(err)
                 continue
-            self.loaded, self.reloads = new, self.reloads + 1
+            self.loaded, self.reloads, self.failing = new, self.reloads + 1, None
             watcher.current = new.signature
             logger.info("Reloaded %s: now model version %d", self.source, new.version)
 
@@ -113,22 +125,6 @@ class Server:
                 "reloads": self.reloads, "batching": {**asdict(self.batcher.cfg), **self.batcher.stats.to_json()},
                 "limits": {"max_request_bytes": self.cfg.max_request_bytes, "max_images": self.cfg.max_images},
                 "top_k": self.cfg.top_k}
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) from its Content-Length or as soon as the stream passes ``limit``."""
-    length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise HTTPError(400, "The Content-Length header is not a number.")
-        if int(length) > limit:
-            raise HTTPError(413, f"The request has {int(length)} bytes, more than the {limit} this server accepts; send fewer or smaller images.")
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HTTPError(413, f"The request passed {limit} bytes, more than this server accepts; send fewer or smaller images.")
-    return bytes(body)
 
 
 def _b64(text: Any, index: int) -> bytes:
@@ -215,6 +211,13 @@ def _top_k(value: Any, default: int) -> int:
 
 def create_app(server: Server) -> Starlette:
     """The Starlette app over ``server`` (which loads its model at startup if not loaded yet)."""
+    from starlette.middleware import Middleware
+
+    from sbcli.serve.metrics import MetricsMiddleware
+    from sbcli.serve.oip import mount
+
+    protocol = mount(server)
+    server.metrics = protocol.metrics
 
     async def predict(request: Request) -> JSONResponse:
         try:
@@ -230,6 +233,8 @@ def create_app(server: Server) -> Starlette:
                                                  for name, data in images))
             except SbcliError as err:
                 raise HTTPError(400, str(err)) from err
+            if server.metrics is not None:
+                server.metrics.images_decoded("/predict", len(decoded))
             batch = model.preprocess.to_input(list(decoded))
             scores = await asyncio.gather(*(server.batcher.submit(model, x) for x in batch))
         except HTTPError as err:
@@ -254,9 +259,13 @@ def create_app(server: Server) -> Starlette:
         server.load()
         server.batcher.start()
         watch = asyncio.get_running_loop().create_task(server.watch()) if server.cfg.reload_interval_s > 0 else None
+        follow = protocol.follow()
         try:
             yield
         finally:
+            follow.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await follow
             if watch is not None:
                 watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -264,8 +273,9 @@ def create_app(server: Server) -> Starlette:
             await server.batcher.stop()
 
     routes = [Route("/predict", predict, methods=["POST"]), Route("/health", health, methods=["GET"]),
-              Route("/metadata", metadata, methods=["GET"])]
-    return Starlette(routes=routes, lifespan=lifespan)
+              Route("/metadata", metadata, methods=["GET"]), *protocol.routes]
+    counted = Middleware(MetricsMiddleware, metrics=protocol.metrics, routes=routes)
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[counted])
 
 
 def app_from_env() -> Starlette:

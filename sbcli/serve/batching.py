@@ -10,6 +10,8 @@ never mixes in a batch, and images already queued finish on the model they start
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +38,7 @@ class _Item:
     model: Any  # a Classifier: has scores(images) -> np.ndarray
     image: np.ndarray  # float32 [3, H, W]
     future: asyncio.Future
+    queued: float = field(default_factory=time.perf_counter)
 
 
 @dataclass
@@ -53,10 +56,14 @@ class BatchStats:
 
 @dataclass
 class Batcher:
-    """Collects images into batches; start() inside the event loop, then ``await submit(...)``."""
+    """Collects images into batches; start() inside the event loop, then ``await submit(...)``.
+
+    ``observer``, when set, hears of every model call: (batch size, each image's wait, the call's seconds).
+    """
 
     cfg: BatchConfig
     stats: BatchStats = field(default_factory=BatchStats)
+    observer: Callable[[int, list[float], float], None] | None = None
     _queue: asyncio.Queue | None = None
     _task: asyncio.Task | None = None
     _pool: ThreadPoolExecutor | None = None
@@ -118,7 +125,10 @@ class Batcher:
             return
         try:
             images = np.stack([item.image for item in live])
+            start = time.perf_counter()
             scores = await asyncio.get_running_loop().run_in_executor(self._pool, model.scores, images)
+            if self.observer is not None:
+                self.observer(len(live), [start - item.queued for item in live], time.perf_counter() - start)
         except Exception as err:  # handed to every waiting request, which answers 500 with it
             for item in live:
                 if not item.future.done():

@@ -87,6 +87,7 @@ class OnnxClassifier:
     meta: OnnxMeta
     provider: str
     kind: str = "onnx"
+    runner: Any = None  # sbcli.serve.gpu.BoundRunner with CUDA graphs; None: session.run
 
     @property
     def class_names(self) -> list[str]:
@@ -101,6 +102,8 @@ class OnnxClassifier:
         return self.meta.preprocess
 
     def scores(self, images: np.ndarray) -> np.ndarray:
+        if self.runner is not None:
+            return self.runner.scores(images, len(self.class_names))
         return self.session.run([self.meta.output_name], {self.meta.input_name: images})[0]
 
     def describe(self) -> dict[str, Any]:
@@ -117,17 +120,23 @@ def is_onnx(path: Path) -> bool:
     return path.is_file() and path.suffix.lower() == ".onnx"
 
 
-def open_onnx(path: Path, provider: str = "auto", threads: int | None = None) -> OnnxClassifier:
-    """An ONNX file written by ``sb export``, on the provider asked for (no torch imported).
+def open_onnx(path: Path, provider: str = "auto", threads: int | None = None, gpu: Any = None) -> OnnxClassifier:
+    """An ONNX file written by ``sb export``, on the provider asked for (no torch imported); ``gpu``:
+    :class:`sbcli.serve.gpu.GpuOptions` (CUDA graphs, TensorRT fp16 and engine cache).
 
     Raises:
         ExportError: no sbcli metadata, or the provider is missing or does not load.
         DataError: onnxruntime cannot read the file.
     """
-    session, chosen = open_session(Path(path), provider, threads)
+    session, chosen = open_session(Path(path), provider, threads, gpu=gpu)
     meta = parse_metadata(session.get_modelmeta().custom_metadata_map, session.get_inputs()[0].name,
                           session.get_outputs()[0].name, str(path))
-    return OnnxClassifier(Path(path), session, meta, chosen)
+    runner = None
+    if gpu is not None and gpu.cuda_graph and chosen == "cuda":
+        from sbcli.serve.gpu import BoundRunner
+
+        runner = BoundRunner(session, meta.input_name, meta.output_name)
+    return OnnxClassifier(Path(path), session, meta, gpu.describe(chosen) if gpu is not None else chosen, runner=runner)
 
 
 LearnerOpener = Callable[[Path, str], Classifier]  # (learner directory, device) -> a classifier; the caller's

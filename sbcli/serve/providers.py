@@ -74,8 +74,10 @@ def candidates(requested: str, available: Sequence[str]) -> list[str]:
     return [wanted] if requested == "cpu" else [wanted, PROVIDERS["cpu"]]
 
 
-def open_session(model: Path | bytes, requested: str = "auto", threads: int | None = None, ort: Any = None) -> tuple[Any, str]:
-    """An onnxruntime session on ``model`` and the short name of the provider that runs it.
+def open_session(model: Path | bytes, requested: str = "auto", threads: int | None = None, ort: Any = None,
+                 gpu: Any = None) -> tuple[Any, str]:
+    """An onnxruntime session on ``model`` and the short name of the provider that runs it; ``gpu``
+    (:class:`sbcli.serve.gpu.GpuOptions`) sets the CUDA and TensorRT providers' options.
 
     Raises:
         ExportError: onnxruntime is missing or installed twice, or the requested provider is
@@ -93,8 +95,9 @@ def open_session(model: Path | bytes, requested: str = "auto", threads: int | No
     if any(p != PROVIDERS["cpu"] for p in providers):
         ort.set_default_logger_severity(4)  # a GPU provider that fails to load logs a red error before the fallback
     source = model if isinstance(model, Path) else "the model"
+    extra = {"provider_options": gpu.provider_options(providers)} if gpu is not None else {}
     try:
-        session = ort.InferenceSession(str(model) if isinstance(model, Path) else model, options, providers=providers)
+        session = ort.InferenceSession(str(model) if isinstance(model, Path) else model, options, providers=providers, **extra)
     except Exception as err:  # onnxruntime raises its own untyped errors for unreadable models
         raise DataError(f"onnxruntime cannot load {source} ({type(err).__name__}: {str(err)[:300]}); "
                         "export it again with `sb export`.") from err

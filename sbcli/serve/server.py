@@ -33,6 +33,8 @@ def check(cfg: ServeConfig, listen: Listen) -> None:
     BatchConfig(cfg.max_batch_size, cfg.max_wait_ms)
     if cfg.provider not in CHOICES:
         raise ConfigError(f"--provider {cfg.provider} is unknown; choose one of: {', '.join(CHOICES)}.")
+    if cfg.gpu() is not None:
+        cfg.gpu().check(cfg.provider)
     if listen.workers < 1 or not 0 <= listen.port <= 65535:
         raise ConfigError("--workers must be at least 1 and --port between 0 and 65535.")
     if cfg.top_k < 1 or cfg.max_images < 1 or cfg.max_request_bytes < 1024 or cfg.reload_interval_s < 0:

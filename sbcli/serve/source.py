@@ -1,5 +1,6 @@
-"""What ``sb serve`` serves, and its reload: an ``.onnx`` file, or a learner directory exported to
-a cached ONNX file by the exporter its caller names (only that export imports torch).
+"""What ``sb serve`` serves, and its reload: an ``.onnx`` file, a Triton model folder written by
+``sb export --format triton`` (its latest numbered version), or a learner directory exported to a
+cached ONNX file by the exporter its caller names (only that export imports torch).
 
 The watcher polls a signature (the file's, or the learner's ``learner.json``: its commit point):
 when it changed and stayed the same for one more poll (so a file still being written is not
@@ -12,9 +13,9 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 from sbcli.errors import ConfigError
 from sbcli.serve.model import OnnxClassifier, is_learner, is_onnx, open_onnx
@@ -23,9 +24,23 @@ logger = logging.getLogger(__name__)
 Signature = tuple[int, int, int] | None
 
 
+def triton_versions(folder: Path) -> dict[int, Path]:
+    """The numbered versions of a Triton model folder (``N/model.onnx`` beside ``config.pbtxt``)."""
+    if not (folder / "config.pbtxt").is_file():
+        return {}
+    return {int(d.name): d / "model.onnx" for d in folder.iterdir()
+            if d.name.isdigit() and int(d.name) > 0 and (d / "model.onnx").is_file()}
+
+
+def is_triton_model(path: Path) -> bool:
+    return path.is_dir() and bool(triton_versions(path))
+
+
 def signature(source: Path) -> Signature:
-    """(inode, size, mtime) of the ONNX file or of the learner's learner.json; None while absent."""
-    target = source / "learner.json" if source.is_dir() else source
+    """(inode, size, mtime) of the ONNX file, of a Triton folder's latest version or of the learner's
+    learner.json; None while absent."""
+    versions = triton_versions(source) if source.is_dir() else {}
+    target = versions[max(versions)] if versions else source / "learner.json" if source.is_dir() else source
     try:
         st = os.stat(target)
     except OSError:
@@ -33,22 +48,35 @@ def signature(source: Path) -> Signature:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def cache_dir() -> Path:
-    """Where learner directories are exported for serving: $XDG_CACHE_HOME/sbcli/serve or ~/.cache/sbcli/serve."""
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sbcli" / "serve"
+class LearnerExporter(Protocol):
+    """What serving a learner directory needs from the torch side (the module the caller names)."""
+
+    def learner_onnx(self, learner_dir: Path) -> Path:
+        """The learner's current step as an ONNX file (in the serve cache)."""
+
+    def kept_steps(self, learner_dir: Path) -> dict[int, dict[str, str]]:
+        """The kept steps up to the current one, with their files."""
+
+    def step_onnx(self, learner_dir: Path, step: int, files: dict[str, str]) -> Path:
+        """Kept step ``step`` as an ONNX file (in the serve cache)."""
 
 
-def exporter_of(spec: str) -> Callable[[Path], Path]:
-    """The exporter named ``module:function`` (``sbcli.export.serving:learner_onnx`` from the CLI)."""
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
+def exporter_of(spec: str | None, source: Path) -> LearnerExporter:
+    """The exporter module named ``spec`` (``sbcli.export.serving`` from the CLI), for the learner at ``source``.
+
+    Raises:
+        ConfigError: no exporter was named.
+    """
+    if spec is None:
+        raise ConfigError(f"{source} is a learner directory; export it with `sb export` and serve the .onnx file.")
+    return importlib.import_module(spec)
 
 
 def check_source(source: Path) -> None:
     """Raises ConfigError when ``source`` is neither an .onnx file nor a learner directory."""
-    if not (is_onnx(source) or is_learner(source)):
-        raise ConfigError(f"{source} is neither a learner directory (with learner.json) nor an .onnx file; give one of those.")
+    if not (is_onnx(source) or is_learner(source) or is_triton_model(source)):
+        raise ConfigError(f"{source} is neither a learner directory (with learner.json) nor an .onnx file (nor a Triton "
+                          "model folder from `sb export --format triton`); give one of those.")
 
 
 @dataclass
@@ -60,20 +88,24 @@ class Loaded:
     signature: Signature
 
 
-def load(source: Path, provider: str, threads: int | None = None, version: int = 1,
+def load(source: Path, provider: str, threads: int | None = None, version: int = 1, gpu: Any = None,
          exporter: str | None = None) -> Loaded:
-    """Open ``source`` on ``provider``; a learner directory is first exported by ``exporter``
-    (``module:function``, from a learner directory to an ONNX file; the caller names it).
+    """Open ``source`` on ``provider`` (``gpu``: its GPU options, :mod:`sbcli.serve.gpu`); a learner directory
+    is first exported by ``exporter`` (a module implementing :class:`LearnerExporter`; the caller names it).
 
     Raises:
-        ConfigError: ``source`` is neither an .onnx file nor a learner directory, or a learner and no exporter.
+        ConfigError: ``source`` is none of what can be served, or a learner directory and no exporter.
     """
     check_source(source)
     sig = signature(source)
-    if source.is_dir() and exporter is None:
-        raise ConfigError(f"{source} is a learner directory; export it with `sb export` and serve the .onnx file.")
-    path = exporter_of(exporter)(source) if source.is_dir() else source
-    return Loaded(open_onnx(path, provider, threads), version, sig)
+    if is_triton_model(source):
+        versions = triton_versions(source)
+        path = versions[max(versions)]
+    elif source.is_dir():
+        path = exporter_of(exporter, source).learner_onnx(source)
+    else:
+        path = source
+    return Loaded(open_onnx(path, provider, threads, gpu), version, sig)
 
 
 @dataclass

@@ -1,0 +1,146 @@
+"""``GET /metrics``: what ``sb serve`` does, in the Prometheus text format (``prometheus_client``).
+
+Every app has its own collector registry (no process-wide state), so two servers in one process
+count apart. The metrics:
+
+* ``sbcli_requests_total{endpoint,status}`` and ``sbcli_request_failures_total{endpoint,status}``
+  (status 400 and above); ``endpoint`` is the route's path template, so names do not explode;
+* ``sbcli_request_duration_seconds{endpoint}``: the whole request, as the server saw it;
+* ``sbcli_queue_seconds`` (an image waiting for its batch) against ``sbcli_compute_seconds`` (one
+  model call) and ``sbcli_batch_size`` (images per model call);
+* ``sbcli_images_decoded_total{endpoint}``: encoded images decoded by the model's preprocessing;
+* ``sbcli_model_versions_loaded`` and ``sbcli_model_version_info{model,version,default}``.
+
+With ``--workers`` N each process counts its own requests; scrape each, or run one worker per
+container as Kubernetes deployments usually do.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sbcli.errors import ExportError
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def require_prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError as err:
+        raise ExportError('`sb serve` reports metrics with prometheus_client; install the ONNX extra: '
+                          'pip install "sbcli[onnx]" (or "sbcli[onnx-gpu]").') from err
+    return prometheus_client
+
+
+@dataclass
+class Metrics:
+    """The server's counters and histograms, in their own registry; ``versions()`` lists (model, version, default)."""
+
+    versions: Callable[[], list[tuple[str, int, bool]]]
+    registry: Any = field(init=False)
+
+    def __post_init__(self) -> None:
+        prom = require_prometheus()
+        self.registry = reg = prom.CollectorRegistry()
+        self.requests = prom.Counter("sbcli_requests", "HTTP requests answered, by endpoint and status.",
+                                     ["endpoint", "status"], registry=reg)
+        self.failures = prom.Counter("sbcli_request_failures", "HTTP requests answered with a status of 400 or more.",
+                                     ["endpoint", "status"], registry=reg)
+        self.latency = prom.Histogram("sbcli_request_duration_seconds", "Time from request to response.",
+                                      ["endpoint"], buckets=LATENCY_BUCKETS, registry=reg)
+        self.queue = prom.Histogram("sbcli_queue_seconds", "Time an image waited for its batch.",
+                                    buckets=LATENCY_BUCKETS, registry=reg)
+        self.compute = prom.Histogram("sbcli_compute_seconds", "Time of one model call (one batch).",
+                                      buckets=LATENCY_BUCKETS, registry=reg)
+        self.batch = prom.Histogram("sbcli_batch_size", "Images scored in one model call.", buckets=BATCH_BUCKETS,
+                                    registry=reg)
+        self.decoded = prom.Counter("sbcli_images_decoded", "Encoded images decoded by the model's preprocessing.",
+                                    ["endpoint"], registry=reg)
+        reg.register(_VersionCollector(self.versions))
+
+    def observe_batch(self, size: int, waits: list[float], compute_s: float) -> None:
+        """One model call: its batch size, each image's wait in the queue, the call's duration."""
+        self.batch.observe(size)
+        self.compute.observe(compute_s)
+        for wait in waits:
+            self.queue.observe(wait)
+
+    def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
+        self.requests.labels(endpoint, str(status)).inc()
+        if status >= 400:
+            self.failures.labels(endpoint, str(status)).inc()
+        self.latency.labels(endpoint).observe(seconds)
+
+    def images_decoded(self, endpoint: str, count: int) -> None:
+        self.decoded.labels(endpoint).inc(count)
+
+    def render(self) -> tuple[bytes, str]:
+        prom = require_prometheus()
+        return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST
+
+    async def endpoint(self, _: Request) -> Response:
+        body, kind = self.render()
+        return Response(body, media_type=kind)
+
+
+@dataclass(eq=False)  # registries keep collectors in a set: hashed by identity
+class _VersionCollector:
+    versions: Callable[[], list[tuple[str, int, bool]]]
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        listed = self.versions()
+        count = GaugeMetricFamily("sbcli_model_versions_loaded", "Model versions loaded and served.")
+        count.add_metric([], len(listed))
+        info = GaugeMetricFamily("sbcli_model_version_info", "1 for each version served (default: the one served "
+                                 "when a request names none).", labels=["model", "version", "default"])
+        for model, version, default in listed:
+            info.add_metric([model, str(version), str(default).lower()], 1)
+        yield count
+        yield info
+
+
+def route_template(routes: list[Any], scope: Scope) -> str:
+    """The path template of the route that ``scope`` matches (``other`` for none)."""
+    for route in routes:
+        match, _ = route.matches(scope)
+        if match == Match.FULL:
+            return getattr(route, "path", "other")
+    return "other"
+
+
+@dataclass
+class MetricsMiddleware:
+    """Counts every HTTP request by its route and final status, and times it (a pure ASGI middleware)."""
+
+    app: ASGIApp
+    metrics: Metrics
+    routes: list[Any]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        start, status = time.perf_counter(), 500
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            self.metrics.observe_request(route_template(self.routes, scope), status, time.perf_counter() - start)
