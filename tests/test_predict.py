@@ -13,16 +13,42 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from learners import make_learner
 from PIL import Image
 from typer.testing import CliRunner
 
 from sbcli import api
 from sbcli.cli.app import app
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError, DataError, ExportError
+from sbcli.learner.state import Learner, LearnerState
+from sbcli.methods.memory import ExemplarMemory
+from sbcli.methods import build_config
+from sbcli.nets import create_model
 
 SIZE = 16
-NAMES = [f"class_{i}" for i in range(5)]  # make_learner's classes: three, then two
+NAMES = ["cat", "dog", "fox", "owl", "elk"]
+
+
+def make_learner(seed: int = 0) -> Learner:
+    """Five classes in two tasks, random weights and BatchNorm statistics, a few exemplars."""
+    torch.manual_seed(seed)
+    state = LearnerState(arch="resnet18", width=0.125, image_size=SIZE, normalization={"mean": [0.5] * 3, "std": [0.25] * 3},
+                         method="std", method_config=build_config("std", {}), train_config=TrainConfig(),
+                         memory={"budget": 10, "selection": "random", "seed": 0}, seed=0, class_names=list(NAMES),
+                         class_task=[0, 0, 0, 1, 1],
+                         tasks=[{"classes": NAMES[:3], "source": {"kind": "demo"}}, {"classes": NAMES[3:], "source": {"kind": "demo"}}],
+                         history=[{"step": t, "metrics": {"overall": 50.0, "per_task": [50.0] * t}} for t in (1, 2)],
+                         provenance={"dataset": "synthetic"})
+    model = create_model("resnet18", len(NAMES), 0.125)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+    memory = ExemplarMemory(10, "random", 0)
+    memory.images = torch.randint(0, 256, (10, 3, SIZE, SIZE), dtype=torch.uint8)
+    memory.labels = torch.arange(10) % len(NAMES)
+    return Learner(state, model.eval(), memory)
 
 
 def write_images(folder: Path, count: int, seed: int, size: tuple[int, int] = (SIZE, SIZE), mode: str = "RGB") -> list[Path]:

@@ -20,7 +20,7 @@ from test_serve_http import TIMEOUT, png, running
 
 from sbcli.serve.app import ServeConfig
 from sbcli.serve.predict import predict
-from sbcli.export.serving import EXPORTER, learner_onnx
+from sbcli.export.serving import EXPORTER, learner_onnx, open_learner
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -45,7 +45,7 @@ def images(learner_dir: Path) -> tuple[list[Path], list]:
     for i in range(4):
         (folder / f"img{i}.png").write_bytes(png(i, (16 + 5 * i, 16)))
         files.append(folder / f"img{i}.png")
-    return files, predict(learner_dir, files, top_k=3).predictions
+    return files, predict(learner_dir, files, top_k=3, open_learner=open_learner).predictions
 
 
 @pytest.fixture(scope="module")
