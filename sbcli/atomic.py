@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,15 +28,17 @@ def current_umask() -> int:
 
 
 @contextlib.contextmanager
-def replacing(path: Path) -> Iterator[Path]:
-    """A new temporary file beside ``path`` (same suffix, mode from the umask) for the block to write;
-    renamed onto ``path`` when the block ends without an error, removed in every case otherwise."""
+def replacing(path: Path, keep_suffix: bool = False) -> Iterator[Path]:
+    """A new temporary file beside ``path`` (mode from the umask, as ``open`` gives) for the block to write;
+    renamed onto ``path`` when the block ends without an error, removed in every case otherwise.
+
+    Its name starts with ``path``'s (hidden) and ends in ``.tmp``, or in ``path``'s own suffix with
+    ``keep_suffix`` (for writers that choose the format by it, like matplotlib).
+    """
     hidden = path.name if path.name.startswith(".") else f".{path.name}"  # starts with the name: leftovers are known
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{hidden}.", suffix=f".tmp{path.suffix}")
-    os.close(fd)
-    tmp = Path(name)
+    tmp = path.with_name(f"{hidden}.{os.getpid()}-{secrets.token_hex(4)}.tmp{path.suffix if keep_suffix else ''}")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))  # a new name: never another writer's file
     try:
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; follow the umask like open() does
         yield tmp
         os.replace(tmp, path)
     finally:

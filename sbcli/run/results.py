@@ -84,6 +84,6 @@ def write_results(state: Any, out: Path) -> list[Path]:
 
 
 def _replace(path: Path, write: Callable[[Path], object]) -> Path:
-    with replacing(path) as tmp:
+    with replacing(path, keep_suffix=True) as tmp:  # the figure's format is chosen by its suffix
         write(tmp)
     return path

@@ -14,10 +14,9 @@ from typing import Any
 
 import numpy as np
 
-from sbcli.data.rgb import IMAGE_EXTENSIONS
 from sbcli.errors import ConfigError, DataError
 from sbcli.serve.model import Classifier, LearnerOpener, open_classifier
-from sbcli.serve.preprocess import Preprocess
+from sbcli.serve.preprocess import IMAGE_EXTENSIONS, Preprocess
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from sbcli.data.rgb import to_rgb
+from sbcli.data.rgb import IMAGE_EXTENSIONS, to_rgb  # noqa: F401  (IMAGE_EXTENSIONS: serve.predict reads it here)
 from sbcli.errors import DataError, ExportError
 
 FILTERS = {
