@@ -1,9 +1,7 @@
-"""JSON at the edges: strict (NaN and infinities, a metric without samples, become null) and rounded.
+"""JSON at the edges: strict (NaN and infinities, a metric without samples, become null), and rounding for display.
 
-:func:`rounded` is what ``--json`` prints: percentages to 2 decimals and seconds (and images/s)
-to 1, chosen by key name, at any depth; every other number (losses, learning rates, the ONNX
-parity's differences, probabilities) is left exact. Files the learner keeps (``learner.json``) are
-never rounded.
+:func:`strict` is what ``--json`` prints: every number exact, as ``learner.json`` keeps it;
+:func:`round_to` is for files people read (``history.csv``).
 """
 
 from __future__ import annotations
@@ -12,16 +10,6 @@ import dataclasses
 import math
 import typing
 from typing import Any
-
-# Keys whose numbers are percentages (accuracies, their averages, forgetting), wherever they sit.
-PERCENT_KEYS = frozenset({
-    "overall", "old", "new", "intra_old", "intra_new", "per_task", "accuracy", "accuracy_matrix", "accuracy_per_step",
-    "last", "forgetting",
-    "avg_incremental_2_to_T", "avg_incremental_1_to_T", "avg_2_to_T", "avg_1_to_T",
-})
-# Keys whose numbers are durations in seconds or throughputs.
-SECONDS_KEYS = frozenset({"seconds", "images_per_s"})
-DIGITS = {**dict.fromkeys(PERCENT_KEYS, 2), **dict.fromkeys(SECONDS_KEYS, 1)}
 
 
 def strict(value: Any) -> Any:
@@ -38,18 +26,6 @@ def strict(value: Any) -> Any:
 def round_to(value: float, digits: int) -> float:
     """``round(value, digits)`` for a finite float; anything else unchanged."""
     return round(value, digits) if isinstance(value, float) and math.isfinite(value) else value
-
-
-def rounded(value: Any, digits: int | None = None) -> Any:
-    """``value`` with the numbers under :data:`PERCENT_KEYS` and :data:`SECONDS_KEYS` rounded, at any depth."""
-    if isinstance(value, dict):
-        return {k: rounded(v, DIGITS.get(k)) for k, v in value.items()}  # a dict's own keys decide for it
-    if isinstance(value, (list, tuple)):
-        return [rounded(v, digits) for v in value]
-    if digits is not None and isinstance(value, float):
-        return round_to(value, digits)
-    return value
-
 
 
 def config_from_json(cls: type, data: dict[str, Any]) -> Any:

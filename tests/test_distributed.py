@@ -7,6 +7,7 @@ wrote with ``add-task`` in this (single) process.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import socket
@@ -17,6 +18,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
+from torch import distributed as dist
+from torch import nn
 
 from sbcli import api
 from sbcli.engine import distributed
@@ -26,6 +29,7 @@ from sbcli.engine.loop import Engine, Phase, TrainConfig
 from sbcli.learner.state import FORMAT_VERSION, Learner
 from sbcli.methods.losses import kd_ce_loss
 from sbcli.nets import create_model
+from sbcli.learner.store.layout import LOCK_FILE, LOCK_INFO
 
 WORLD = 2
 IMAGES, BATCH, CLASSES = 64, 16, 4
@@ -139,9 +143,45 @@ def test_two_ranks_train_one_model(tmp_path):
     assert info[0]["loss"] == info[1]["loss"]  # the epoch loss is reduced over ranks
 
 
+def _teardown_worker(rank: int, port: int, out_dir: str) -> None:
+    """One rank: a DDP step inside a session, with the cyclic garbage collector off, then what is left."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(WORLD),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    gc.disable()  # as when no collection happens to run before the interpreter exits
+    with distributed.session("cpu"):
+        model = distributed.data_parallel(nn.Linear(4, 2), torch.device("cpu"), distributed.info())
+        model(torch.randn(3, 4)).sum().backward()
+        del model
+    alive = sum(isinstance(o, nn.parallel.DistributedDataParallel) for o in gc.get_objects())
+    (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps({"ddp_alive": alive, "group": dist.is_initialized()}))
+
+
+def test_a_session_releases_the_process_group_before_the_interpreter_exits(tmp_path):
+    """DDP wrappers sit in reference cycles and hold the gloo process group: freed only at interpreter exit, they
+    tore it down during finalization and aborted the process ("terminate called without an active exception")."""
+    mp.spawn(_teardown_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, join=True)
+    for r in range(WORLD):
+        assert json.loads((tmp_path / f"rank{r}.json").read_text()) == {"ddp_alive": 0, "group": False}
+
+
 # ----------------------------------------------------------------------------------------------
 # torchrun -m sbcli train, then add-task in one process
 # ----------------------------------------------------------------------------------------------
+
+
+def test_only_the_writing_rank_checks_the_output_folder(color_data, monkeypatch, tmp_path):
+    """Under torchrun rank 0 creates --out and its lock note; a rank that checked --out while the note was
+    being written saw a non-empty folder and refused ("already exists and is not empty"), failing the job."""
+    out = tmp_path / "learner"
+    out.mkdir()
+    (out / LOCK_FILE).write_text("")
+    (out / f"{LOCK_INFO}.4242").write_text("{}")  # rank 0 writing its lock note (then renamed into place)
+    monkeypatch.setattr(distributed, "is_main_process", lambda: False)
+    monkeypatch.setattr("sbcli.api._train", lambda *args, **kwargs: "trained")
+    seq = api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]), image_size=16)
+    run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
+    assert api.train(seq, run, out) == "trained"
 
 
 def test_torchrun_train_writes_a_learner_that_continues_in_one_process(color_data, tmp_path):

@@ -3,11 +3,21 @@
 Hypothesis mutates ``learner.json`` (any field set to any JSON value, deleted, bytes flipped,
 truncated, replaced), the safetensors headers of the model and the memory (any header field set,
 the header length claimed, ...) and their tensors (retyped, reshaped, a value set to NaN,
-infinity or an out-of-range label, data bytes flipped). Every time, the command either works
+infinity or an out-of-range label, data bytes flipped), and in half the examples re-records the
+changed files' hashes in ``learner.json`` as a crafted learner would, so that the structural checks
+behind the hashes are what answers. Every time, the command either works
 (the mutation was harmless) or exits 1 with one line that is an expected failure (never a
 traceback, never "Unexpected error"), and the learner's bytes are unchanged.
 
-The default run tries ``SBCLI_FUZZ_EXAMPLES`` examples (25); a thorough run is 500 or more::
+A second property damages the structure the hashes in ``learner.json`` guard: a symbolic link
+(``steps/``, the step folder, ``learner.json``, a step file), the step folder or one of its files
+swapped for another learner's (same classes and shapes, other weights), a bit flipped in tensor
+data (after the header), a tail zeroed or cut. Whenever the bytes changed, `sb evaluate` refuses in
+one sentence (naming the link or the file that differs from its record) and nothing, inside the
+learner or behind a link, changes. A third pushes the learner to a local Hub repository that no zoo
+index lists, damaged the same way, and checks that `sb pull` fails and installs nothing.
+
+The default run tries ``SBCLI_FUZZ_EXAMPLES`` examples (25; a third of them for the pulls); a thorough run is 500 or more::
 
     SBCLI_FUZZ_EXAMPLES=500 python -m pytest tests/test_fuzz_learner.py -q -s
 """
@@ -15,6 +25,8 @@ The default run tries ``SBCLI_FUZZ_EXAMPLES`` examples (25); a thorough run is 5
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import itertools
 import json
 import math
 import os
@@ -29,7 +41,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from learner_files import hashes, learner_files, read_raw, train_tiny, write_raw
+from learner_files import hashes, learner_files, read_raw, rehash, train_tiny, write_raw
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -175,12 +187,14 @@ def _inside(folder: Path):
 
 @settings(max_examples=EXAMPLES, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(m=mutations, as_json=st.booleans())
-def test_any_mutation_is_answered_in_one_sentence_and_changes_nothing(pristine, m, as_json):
+@given(m=mutations, as_json=st.booleans(), rehashed=st.booleans())
+def test_any_mutation_is_answered_in_one_sentence_and_changes_nothing(pristine, m, as_json, rehashed):
     with tempfile.TemporaryDirectory() as tmp:
         learner = Path(tmp) / "learner"
         shutil.copytree(pristine, learner)
         mutate(learner_files(learner), m)
+        if rehashed:  # as a crafted learner would: the structural checks behind the hashes answer
+            rehash(learner)
         before = hashes(learner)
         with _inside(Path(tmp)):
             res = runner.invoke(app, ["evaluate", str(learner), "--device", "cpu", *(["--json"] if as_json else [])])
@@ -198,7 +212,178 @@ def test_any_mutation_is_answered_in_one_sentence_and_changes_nothing(pristine, 
     OUTCOMES["learners unchanged (hashes compared)"] += 1
 
 
+# -- structural damage: links, swapped step files, flipped tensor data, damaged tails ---------------------
+
+STEP_KEYS = {"model": "model.safetensors", "memory": "memory.safetensors", "test_sample": "test-sample.safetensors"}
+STEP_FILE = st.sampled_from(sorted(STEP_KEYS))
+structural = st.one_of(
+    st.tuples(st.just("link"), st.sampled_from(["steps", "step", "json", *sorted(STEP_KEYS)])),
+    st.tuples(st.just("swap-step")),
+    st.tuples(st.just("swap-file"), STEP_FILE),
+    st.tuples(st.just("data-flip"), STEP_FILE, fraction, st.integers(0, 7)),
+    st.tuples(st.just("zero-tail"), STEP_FILE, st.integers(1, 4096)),
+    st.tuples(st.just("truncate-tail"), STEP_FILE, st.integers(1, 4096)),
+)
+STRUCTURAL: Counter[str] = Counter()
+REPO_NUMBERS = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def other(pristine, tmp_path_factory) -> Path:
+    """Another learner of the same classes and shapes, other weights: its step passes every structural check."""
+    from sbcli.learner.state import Learner
+
+    learner = Learner.load(pristine)
+    with torch.no_grad():
+        next(iter(learner.model.parameters())).view(-1)[0] += 1.0
+    out = tmp_path_factory.mktemp("other") / "learner"
+    learner.save(out)
+    return out
+
+
+def step_dir(learner: Path) -> Path:
+    return learner / Path(json.loads((learner / "learner.json").read_text())["files"]["model"]).parent
+
+
+def damage_data(path: Path, kind: str, at: float, n: int) -> None:
+    """Flip a bit of the tensor data (after the header), or zero or cut the file's last ``n`` bytes."""
+    raw = bytearray(path.read_bytes())
+    if kind == "data-flip":
+        _, data = read_raw(path)
+        start = len(raw) - len(data)
+        raw[start + min(int(at * len(data)), len(data) - 1)] ^= 1 << n
+    elif kind == "zero-tail":
+        raw[-n:] = bytes(min(n, len(raw)))
+    else:
+        del raw[-n:]
+    path.write_bytes(bytes(raw))
+
+
+def damage(learner: Path, other: Path, outside: Path, m: tuple) -> Path | None:
+    """Apply structural damage ``m``; returns what now lies outside the learner behind a link (None: no link)."""
+    step = step_dir(learner)
+    kind = m[0]
+    if kind == "link":
+        rel = {"steps": learner / "steps", "step": step, "json": learner / "learner.json"}.get(m[1]) \
+            or step / STEP_KEYS[m[1]]
+        shutil.move(rel, outside)
+        rel.symlink_to(outside, target_is_directory=outside.is_dir())
+        return outside
+    if kind == "swap-step":
+        shutil.rmtree(step)
+        shutil.copytree(step_dir(other), step)
+    elif kind == "swap-file":
+        shutil.copyfile(step_dir(other) / STEP_KEYS[m[1]], step / STEP_KEYS[m[1]])
+    else:
+        damage_data(step / STEP_KEYS[m[1]], kind, m[2] if kind == "data-flip" else 0.0, m[-1])
+    return None
+
+
+def _tree(path: Path) -> dict[str, str]:
+    return hashes(path) if path.is_dir() else {"": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(m=structural)
+def test_structural_damage_is_refused_by_the_recorded_hashes_and_links_are_never_followed(pristine, other, m):
+    check_structural(pristine, other, m)
+
+
+FINITE = [("link", t) for t in ["steps", "step", "json", *sorted(STEP_KEYS)]] + [("swap-step",)] \
+    + [("swap-file", k) for k in sorted(STEP_KEYS)]
+
+
+@pytest.mark.parametrize("m", FINITE, ids=["-".join(m) for m in FINITE])
+def test_every_link_and_swap_is_refused(pristine, other, m):
+    """The structural cases with few variants, each once (hypothesis draws them unevenly)."""
+    check_structural(pristine, other, m)
+
+
+def check_structural(pristine: Path, other: Path, m: tuple) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        learner = Path(tmp) / "learner"
+        shutil.copytree(pristine, learner)
+        original = hashes(learner)
+        behind = damage(learner, other, Path(tmp) / "outside", m)
+        changed = behind is not None or hashes(learner) != original
+        before = hashes(learner), behind and _tree(behind)
+        with _inside(Path(tmp)):
+            res = runner.invoke(app, ["evaluate", str(learner), "--device", "cpu"])
+        after = hashes(learner), behind and _tree(behind)
+    assert after == before, m
+    assert "Traceback" not in res.output and "Unexpected error" not in res.stderr, (m, res.stderr)
+    lines = res.stderr.strip().splitlines()
+    if not changed:  # e.g. a tail zeroed that was zeros already, a file swapped for an identical one
+        assert res.exit_code == 0, (m, res.output)
+        STRUCTURAL["identical bytes, worked"] += 1
+        return
+    assert res.exit_code == 1 and len(lines) == 1 and lines[0].startswith("Error:"), (m, res.output)
+    expected = "symbolic link" if behind is not None else "is not the file learner.json recorded"
+    assert expected in lines[0], (m, lines[0])
+    STRUCTURAL[f"{m[0]}: refused in one sentence"] += 1
+
+
+PULL_EXAMPLES = max(3, EXAMPLES // 3)
+pull_damage = st.one_of(
+    st.tuples(st.just("data-flip"), STEP_FILE, fraction, st.integers(0, 7)),
+    st.tuples(st.just("zero-tail"), STEP_FILE, st.integers(1, 4096)),
+    st.tuples(st.just("truncate-tail"), STEP_FILE, st.integers(1, 4096)),
+)
+
+
+@pytest.fixture(scope="module")
+def hub_repo(pristine, tmp_path_factory):
+    """A FakeHub for the module and the pristine learner as pushed (files at the root)."""
+    from conftest_hub import point_hub_client_at
+    from fake_hub import FakeHub
+
+    from sbcli.learner.state import Learner
+
+    root = tmp_path_factory.mktemp("hub")
+    Learner.load(pristine).publish(root / "flat")
+    with pytest.MonkeyPatch.context() as mp, FakeHub() as hub:
+        point_hub_client_at(mp, hub.endpoint, root / "hf_home")
+        yield hub, root / "flat"
+
+
+@settings(max_examples=PULL_EXAMPLES, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+@given(m=pull_damage)
+def test_a_damaged_pull_from_outside_the_zoo_fails_and_installs_nothing(hub_repo, m):
+    import huggingface_hub as hf
+
+    from sbcli import api
+    from sbcli.errors import LearnerError
+
+    _, flat = hub_repo
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp) / "flat"
+        shutil.copytree(flat, folder)
+        path = folder / STEP_KEYS[m[1]]
+        raw = path.read_bytes()
+        damage_data(path, m[0], m[2] if m[0] == "data-flip" else 0.0, m[-1])
+        changed = path.read_bytes() != raw
+        repo = f"tester/damaged-{next(REPO_NUMBERS)}"
+        hf.HfApi().create_repo(repo)
+        hf.HfApi().upload_folder(folder_path=str(folder), repo_id=repo)
+        try:
+            api.pull(repo, Path(tmp) / "pulled")
+            failed = None
+        except LearnerError as err:
+            failed = str(err)
+        left = sorted(p.name for p in Path(tmp).iterdir())
+    if not changed:
+        assert failed is None, (m, failed)
+        STRUCTURAL["pull of identical bytes, installed"] += 1
+        return
+    assert failed is not None and "is not the file learner.json recorded" in failed, (m, failed)
+    assert left == ["flat"], (m, left)  # nothing installed, no temporary left
+    STRUCTURAL[f"pull {m[0]}: failed, nothing installed"] += 1
+
+
 def teardown_module() -> None:
+    if STRUCTURAL:
+        print("\nstructural damage: " + "; ".join(f"{k}: {v}" for k, v in sorted(STRUCTURAL.items())))
     if OUTCOMES:
         print(f"\nfuzzed learners: {sum(v for k, v in OUTCOMES.items() if not k.startswith('learners'))}; "
               + "; ".join(f"{k}: {v}" for k, v in sorted(OUTCOMES.items())) + "; tracebacks: 0")

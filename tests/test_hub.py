@@ -274,6 +274,7 @@ def relabelled(learner: Path, tmp_path: Path, names: list[str]) -> Path:
     state["tasks"] = [{**state["tasks"][0], "classes": names[2 * i: 2 * i + 2]} for i in range(steps)]
     state["history"] = [state["history"][0]] * steps
     state["kept_steps"] = {str(steps): state["files"]}  # format 2: the current step names its files
+    state["hashes"] = {rel: state["hashes"][rel] for rel in state["files"].values()}  # and only its files' hashes
     (copy_dir / "learner.json").write_text(json.dumps(state))
     return copy_dir
 

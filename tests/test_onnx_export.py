@@ -147,7 +147,7 @@ def test_metadata_describes_the_model(exported) -> None:
     spec = json.loads(meta["preprocess"])
     assert spec["resize"] == {"width": SIZE, "height": SIZE, "filter": "bilinear", "antialias": True,
                               "keep_aspect_ratio": False, "reference": "Pillow Image.resize"}
-    assert spec["decode"]["jpeg_reduced_decode"] is False and spec["divide_by"] == 255.0
+    assert spec["decode"]["jpeg_reduced_decode"] is True and spec["divide_by"] == 255.0  # as training decodes
     assert (spec["channel_order"], spec["layout"], spec["normalization"]["mean"]) == ("RGB", "NCHW", NORM["mean"])
     assert (meta["sbcli_format"], meta["precision"], meta["opset"]) == ("2", "float32", str(report.opset))
     assert json.loads(meta["provenance"]) == learner.state.provenance

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -173,6 +174,24 @@ def test_bad_inputs_are_one_clear_error(served, tmp_path: Path) -> None:
         api.predict(served["onnx"], [served["images"]], top_k=0)
     res = CliRunner().invoke(app, ["predict", str(served["onnx"]), str(tmp_path / "missing.png")])
     assert res.exit_code == 1 and "does not exist" in res.output
+
+
+def test_a_folder_with_bad_files_predicts_every_readable_image_and_fails(served, tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    shutil.copytree(served["images"], folder)
+    (folder / "broken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    (folder / "nested" / "empty.png").write_bytes(b"")
+    runner = CliRunner()
+    res = runner.invoke(app, ["predict", str(served["onnx"]), str(folder)])
+    assert res.exit_code == 1
+    assert "top 3 of 8 images" in res.stdout and "img00.png" in res.stdout  # every readable image
+    errors = [line for line in res.stderr.splitlines() if line.startswith("Error:")]
+    assert len(errors) == 2 and "broken.jpg" in errors[0] and "empty.png" in errors[1]  # one line per bad file
+    assert "2 of 10 images could not be read; the other 8 were predicted." in res.stderr
+    res = runner.invoke(app, ["predict", str(served["onnx"]), str(folder), "--json"])
+    assert res.exit_code == 1
+    report = json.loads(res.stdout)
+    assert len(report["predictions"]) == 8 and [Path(f["image"]).name for f in report["failed"]] == ["broken.jpg", "empty.png"]
 
 
 def test_onnx_file_without_sbcli_metadata_is_refused(served, tmp_path: Path) -> None:

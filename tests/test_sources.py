@@ -457,7 +457,7 @@ def test_demo_file_is_small() -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def refuse_to_decode(data: bytes, image_size: int) -> np.ndarray:
+def refuse_to_decode(data: bytes, image_size: int, name: str = "image") -> np.ndarray:
     """Stands in for the decoder where the cache must answer."""
     raise AssertionError("decoded although the cache holds this data")
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 from huggingface_hub.repocard_data import model_index_to_eval_results
+from learner_files import rehash
 from PIL import Image
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
@@ -139,6 +140,7 @@ def test_a_sample_that_does_not_match_the_classes_is_refused(moved: dict[str, Pa
     else:
         tensors["labels"][0] = 1 - tensors["labels"][0]  # another learner's counts
     save_file(tensors, str(path))
+    rehash(moved["learner"])  # recorded as a crafted learner would: the sample's own check answers
     before = snapshot(moved["learner"])
     res = CliRunner().invoke(app, ["evaluate", str(moved["learner"]), "--device", "cpu"], env={"COLUMNS": "300"})
     assert res.exit_code == 1 and "does not match" in res.stderr and res.stderr.strip().count("\n") == 0
@@ -185,11 +187,14 @@ def test_a_format_1_learner_is_pushed_without_its_paths(trained: dict[str, Path]
     state.pop("test_sample")
     for files in (state["files"], *state["kept_steps"].values()):
         files.pop("test_sample")
+    state.pop("hashes")  # a learner of before the file hashes
+    state["format_version"] = 2
     (legacy / "learner.json").write_text(json.dumps(state))
     assert api.evaluate(legacy, device="cpu")["test_data"]["used"] == "folder"  # its own path, still here
     public = public_state(read_state(legacy))
     assert str(trained["data"]) not in json.dumps(public.tasks) + json.dumps(public.plan)
-    assert public.tasks[0]["source"] == {"kind": "folder", "name": "train", "image_size": 16, "test": {"name": "test"}}
+    assert public.tasks[0]["source"] == {"kind": "folder", "name": "train", "dataset": trained["data"].name,  # photos/train: photos
+                                         "image_size": 16, "test": {"name": "test"}}
 
 
 def test_the_card_snippet_classifies_an_image_file(trained: dict[str, Path], tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from learner_files import hashes, learner_files, read_raw, train_tiny, write_raw
+from learner_files import hashes, learner_files, read_raw, rehash, train_tiny, write_raw
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -138,6 +138,7 @@ CASES = {
 def test_a_malformed_learner_is_refused_in_one_sentence_and_left_unchanged(learner, case):
     mutate, message = CASES[case]
     mutate(learner_files(learner))
+    rehash(learner)  # a crafted learner records its files' hashes: the structural checks must catch it
     before = hashes(learner)
     with pytest.raises(LearnerError, match=message) as err:
         Learner.load(learner)
@@ -184,6 +185,7 @@ def test_a_recorded_source_never_downloads(learner, monkeypatch, tmp_path):
     assert hashes(learner) == before
     def drop_sample(state: dict) -> None:
         state.pop("test_sample")
+        state.get("hashes", {}).pop(state["files"]["test_sample"], None)
         for files in (state["files"], *state["kept_steps"].values()):
             files.pop("test_sample")
 

@@ -13,16 +13,25 @@ from typing import Any
 
 import torch
 
-from sbcli import __version__
+from sbcli import __version__, banner
 from sbcli.engine import distributed
 from sbcli.run import evalsets, growing
 from sbcli.learner import preflight
 from sbcli.api.out import export_int8, export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
 from sbcli.config.options import RunOptions, SequenceOptions, build_options, known_keys
-from sbcli.data.catalog import Opened, compute_normalization, open_spec, relabel, resolve_spec, spec_image_size
+from sbcli.data import folder_classes
+from sbcli.data.catalog import (
+    BENCHMARKS,
+    Opened,
+    compute_normalization,
+    open_spec,
+    relabel,
+    resolve_spec,
+    spec_image_size,
+)
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from sbcli.data.imageset import ImageSet
-from sbcli.data.records import remember_source, same_source
+from sbcli.data.records import check_dataset_name, remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.data.shaping import only_classes, resize_opened, with_image_size
 from sbcli.engine.device import resolve_device
@@ -107,6 +116,18 @@ def _check_sequence(seq: SequenceOptions) -> None:
             raise ConfigError(f"{flag} {value} is not a count; give 1 or more.")
 
 
+def _check_folder_source(seq: SequenceOptions) -> None:
+    """A class-per-folder source, from its folder names alone: the test folder's classes and the first task's size."""
+    path = None if seq.source in (None, *BENCHMARKS) else Path(seq.source).expanduser()
+    if path is None or not path.is_dir() or (path / "wnids.txt").is_file():
+        return
+    if seq.test is not None and Path(seq.test).expanduser().is_dir():
+        folder_classes.check_same_classes(path, Path(seq.test).expanduser())
+    names = folder_classes.class_names(path)
+    if names and all(any((path / name).iterdir()) for name in names):  # an empty class folder: the loader names it
+        folder_classes.check_first_task(sequence_scenario(seq, len(names)).sizes)
+
+
 def _check_out(out: Path, resume: bool) -> None:
     legacy.recover(out)
     check_output_dir(out, option="--out", resume=resume)
@@ -125,8 +146,11 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     device = _check_run(run)
     _check_keep(keep)
     _check_sequence(seq)
-    _check_out(out, resume)
-    preflight.check_writable(out)
+    check_dataset_name(seq.dataset_name)
+    _check_folder_source(seq)
+    if distributed.is_main_process():  # rank 0 alone writes: another rank would see its lock file (or add a probe)
+        _check_out(out, resume)
+        preflight.check_writable(out)
     with writer_lock(out, "train", create=True, enabled=distributed.is_main_process()):
         return _train(seq, run, out, device, resume, keep, on_progress, on_step)
 
@@ -146,9 +170,11 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
     opened = open_spec(spec, download=seq.download)
-    record = remember_source(spec, opened.train, opened.test)
+    sizes = banner.folder_sizes(Path(spec["path"])) if spec["kind"] == "folder" else banner.native_sizes(opened.train.images)
+    record = remember_source(spec, opened.train, opened.test, seq.dataset_name)
     names = opened.train.class_names
     scenario = sequence_scenario(seq, len(names))
+    folder_classes.check_first_task(scenario.sizes)
     opened = resize_opened(only_classes(opened, scenario.order), spec)
     image_size = spec.get("image_size") or spec_image_size(spec)
     preflight.check_free_space(out, preflight.save_bytes(run.arch, run.width, len(scenario.order), image_size, run.memory))
@@ -172,6 +198,9 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         model = model.to(device)
         learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
     ordered = [names[c] for c in scenario.order]
+    _announce_start(on_progress, banner.banner(
+        len(scenario.order), len(opened.train), len(opened.test) if opened.test is not None else 0, image_size, sizes,
+        f"{learner.state.arch}, width x{learner.state.width:g}", learner.state.train_config, device))
     _announce_plan(on_progress, learner.state, scenario.sizes)
     for step in range(learner.state.steps, len(scenario.sizes)):
         torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
@@ -194,6 +223,13 @@ def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], or
                       seen_train=lambda: relabel(opened.train, ordered, seen))
     evalsets.carry(learner, test_set, [ordered.index(n) for n in new], carry_sample)
     return step
+
+
+def _announce_start(on_progress: ProgressFn | None, start: banner.RunBanner) -> None:
+    """Tell a progress callback that has ``on_start`` what the run is about to do (rank 0 only)."""
+    on_start = getattr(on_progress, "on_start", None)
+    if on_start is not None and distributed.is_main_process():
+        on_start(start)
 
 
 def _announce_plan(on_progress: ProgressFn | None, state: LearnerState, sizes: list[int]) -> None:
@@ -239,6 +275,7 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     """
     _check_keep(keep)
     opts = options or AddTaskOptions(epochs=epochs, method=method)
+    check_dataset_name(opts.name)
     opts = dataclasses.replace(opts, epochs=opts.epochs if epochs is None else epochs, method=opts.method or method)
     with writer_lock(Path(learner_dir), "add-task", enabled=distributed.is_main_process()):
         return _add_task(Path(learner_dir), folder, test, device, opts, warmup_epochs, keep, on_progress)
@@ -260,16 +297,21 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
                         data_root=None, download=False)
     if spec["kind"] != "folder":
         raise DataError(f"{folder} is not a class-per-folder directory; add-task takes one folder per new class.")
+    if test is not None:
+        folder_classes.check_same_classes(Path(spec["path"]), Path(spec["test"]))
     opened = open_spec(spec)
     new = list(opened.train.class_names)
     clash = sorted(set(new) & set(learner.state.class_names))
     if clash:
         raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
     state = learner.state
+    start = banner.banner(len(new), len(opened.train), len(opened.test) if opened.test is not None else 0,
+                          state.image_size, banner.folder_sizes(Path(spec["path"])), f"{state.arch}, width x{state.width:g}",
+                          state.train_config if opts.epochs is None else dataclasses.replace(state.train_config, epochs=opts.epochs), dev)
     preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
                                                                  state.image_size, state.memory["budget"]))
     old = evalsets.test_data(learner, opts.data_roots) if learner.state.tasks else None
-    record = remember_source(spec, opened.train, opened.test)
+    record = remember_source(spec, opened.train, opened.test, opts.name)
     if opts.epochs is not None:
         learner.state.train_config = dataclasses.replace(learner.state.train_config, epochs=opts.epochs)
     if warmup_epochs is not None:  # recorded: later steps keep it
@@ -282,6 +324,7 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else _empty(train_set)
     published = growing.published_files(learner_dir)
     cfg = learner.state.train_config
+    _announce_start(on_progress, start)
     _announce_plan(on_progress, learner.state, [*(learner.state.class_task.count(t) for t in range(learner.state.steps)), len(new)])
     engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
     step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": record})

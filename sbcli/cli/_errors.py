@@ -16,12 +16,12 @@ from functools import wraps
 from typing import Any
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from sbcli.cli.console import console
 from sbcli.errors import SbcliError
 
-ERR = Console(stderr=True)
+ERR = console(stderr=True)
 INTERRUPTED = 130  # what shells report for a command stopped by Ctrl-C
 
 _ERRNO_HINTS = {

@@ -19,6 +19,7 @@ LearnerArg = Annotated[Path, typer.Argument(help="A learner directory written by
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON on stdout instead of tables.", rich_help_panel=OUT)]
 KeepOpt = Annotated[Optional[int], typer.Option("--keep", help="Keep the files of only the last N steps (default: every step, for --step and `sb rollback`).", rich_help_panel=OUT, show_default=False)]
 StepOpt = Annotated[Optional[int], typer.Option("--step", help="Use kept step N of the learner instead of its current one.", show_default=False)]
+NameOpt = Annotated[Optional[str], typer.Option("--name", help="What this data is called on the model card (default: the folder above train/ and test/, e.g. photos for photos/train).", rich_help_panel=DATA, show_default=False)]
 TestOpt = Annotated[Optional[Path], typer.Option("--test", help="Class-per-folder test images of the same classes.", rich_help_panel=DATA, show_default=False)]
 
 

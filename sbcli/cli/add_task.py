@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import (
     BalanceEpochsOpt,
@@ -17,6 +18,7 @@ from sbcli.cli._options import (
     KeepOpt,
     LearnerArg,
     LogOpt,
+    NameOpt,
     NoTestSampleOpt,
     QuietOpt,
     TestOpt,
@@ -37,6 +39,7 @@ def add_task(
     learner: LearnerArg,
     folder: Annotated[Path, typer.Argument(help="Class-per-folder training images of the new classes.", show_default=False)],
     test: TestOpt = None,
+    dataset_name: NameOpt = None,
     method: Annotated[Optional[str], typer.Option("--method", help="Check that the learner uses this method (a learner keeps the method it was started with).", show_default=False)] = None,
     epochs: EpochsOpt = None,
     data_roots: TestRootsOpt = None,
@@ -51,6 +54,10 @@ def add_task(
     json_out: JsonOpt = False,
 ) -> None:
     """Add a new class set to a learner (the learner is rewritten only when the step is done)."""
+    paths.learner(learner)  # before torch loads: a mistyped path answers at once
+    paths.folder(folder)
+    if test is not None:
+        paths.folder(test, "test folder")
     from sbcli import api
     from sbcli.cli import progress, render
     from sbcli.cli.runs import closing_line, keeping_hint
@@ -75,7 +82,7 @@ def add_task(
         reporter.note(f"Adding the classes of {folder} to {learner}")
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal,
-                                     balance_epochs=balance_epochs)
+                                     balance_epochs=balance_epochs, name=dataset_name)
         step = api.add_task(learner, folder, test, device=device, keep=keep, options=options,
                             warmup_epochs=warmup_epochs, on_progress=reporter)
         reporter.step(step)
@@ -91,7 +98,7 @@ def add_task(
         for table in render.closing_tables(history, result):
             render.OUT.print(table)
         render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
-        hint = keeping_hint(history, after.memory, after.provenance)
+        hint = keeping_hint(history, after.memory, after.provenance, after.tasks)
         if hint:
             render.OUT.print(hint, highlight=False, soft_wrap=True)
         render.OUT.print(f"Learner {learner} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")

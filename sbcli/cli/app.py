@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from sbcli import __version__
@@ -14,6 +16,20 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
     add_completion=False,
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"sbcli {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version_: Annotated[bool, typer.Option("--version", "-V", help="Print the version of sbcli and exit (`sb version` also names torch's).",
+                                           callback=_print_version, is_eager=True)] = False,
+) -> None:
+    """Grow an image classifier class set by class set with Split-and-Bridge (and its baselines)."""
 
 
 app.command("train", epilog=train.EPILOG)(train.train)

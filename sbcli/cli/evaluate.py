@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import DeviceOpt, JsonOpt, LearnerArg, StepOpt, TestRootsOpt
 
@@ -35,6 +36,9 @@ def evaluate(
     json_out: JsonOpt = False,
 ) -> None:
     """Evaluate a learner now, and show its per-step history and summary."""
+    paths.learner(learner)  # before torch loads: a mistyped path answers at once
+    if folder is not None:
+        paths.folder(folder, "test folder")
     from sbcli import api
     from sbcli.cli import render
 

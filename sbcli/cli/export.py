@@ -8,6 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import OUT, JsonOpt, LearnerArg, QuietOpt, StepOpt
 
@@ -72,6 +73,7 @@ def export(
     json_out: JsonOpt = False,
 ) -> None:
     """Export a learner: an ONNX classifier checked against PyTorch, or a push to the Hub."""
+    paths.learner(learner)  # before torch loads: a mistyped path answers at once
     from sbcli import api
     from sbcli.cli import progress, render
 

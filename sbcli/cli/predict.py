@@ -6,10 +6,12 @@ An .onnx file runs in onnxruntime without importing torch (nor sbcli.api), so it
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 
+from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import OUT, DeviceOpt, JsonOpt
 
@@ -36,6 +38,8 @@ def predict(
     json_out: JsonOpt = False,
 ) -> None:
     """Top-k labels with probabilities for image files or folders."""
+    paths.model(model)  # before torch or onnxruntime loads: a mistyped path answers at once
+    paths.images(images)
     from sbcli.cli import render
     from sbcli.export.serving import open_learner
     from sbcli.serve.predict import predict as run_predict
@@ -58,3 +62,15 @@ def predict(
         render.OUT.print(table)
 
     render.Output(json_out).result(report.to_json(), show)
+    _fail_if_any(report.failed, len(report.predictions), render)
+
+
+def _fail_if_any(failed: list, predicted: int, render: Any) -> None:
+    """One line on stderr per file that could not be read, then exit 1 (the readable ones were predicted)."""
+    if not failed:
+        return
+    for failure in failed:
+        render.ERR.print(f"[bold red]Error:[/] {escape(failure.error)}", highlight=False, soft_wrap=True)
+    render.ERR.print(f"{len(failed)} of {predicted + len(failed)} images could not be read; the other {predicted} "
+                     "were predicted.", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)

@@ -3,8 +3,8 @@
 - ``live`` (stderr is a terminal): rich bars, one per phase (batches of every epoch, loss,
   images/s, precision) under two overall bars, the step and the whole sequence, each with an ETA
   from the epochs already run and the planned epochs still to come (:mod:`sbcli.run.plan`).
-- ``lines`` (logs, CI, pipes): one line per epoch (every ``every`` epochs and the last of each
-  phase) with the same numbers and both ETAs, and a line per finished step.
+- ``lines`` (logs, CI, pipes): one line per epoch (the first, every ``every`` epochs and the last
+  of each phase) with the same numbers and both ETAs, and a line per finished step.
 - ``quiet`` (``--quiet``): nothing.
 
 A :class:`Reporter` is the ``on_progress`` of :func:`sbcli.api.train` and friends: it implements
@@ -15,6 +15,7 @@ logs it is given (``open_logs``) when the run's plan arrives, once the input has
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +39,8 @@ def reporter(quiet: bool, every: int = 1, console: Console = ERR,
              open_logs: Callable[[], list[Any]] | None = None) -> Reporter:
     """The reporter for this terminal: see the module docstring."""
     mode = choose_mode(quiet, console)
+    # The data layer's progress lines (listing, decoding: sbcli.data.progress) follow --quiet too.
+    logging.getLogger("sbcli.progress").setLevel(logging.WARNING if mode == "quiet" else logging.NOTSET)
     kind = {"quiet": Reporter, "lines": LineReporter, "live": LiveReporter}[mode]
     return kind(console=console, every=every, open_logs=open_logs)
 
@@ -136,6 +139,10 @@ class Reporter(Callbacks):
     def note(self, text: str) -> None:
         """A line for the person watching (what runs, where it writes)."""
 
+    def on_start(self, start: Any) -> None:
+        """What the run is about to do (:class:`sbcli.banner.RunBanner`): one line, before the first epoch."""
+        self.note(start.text())
+
     def set_title(self, text: str) -> None:
         """What the whole sequence is called on its bar (a bench names its cell)."""
         self.title = text
@@ -147,11 +154,29 @@ class Reporter(Callbacks):
 
 
 class LineReporter(Reporter):
-    """One line per epoch (every ``every`` and the last of a phase), for logs and CI."""
+    """One line per epoch (the first, every ``every`` and the last of a phase), for logs and CI, and
+    within an epoch that runs long a line every :attr:`within_epoch_s` seconds."""
+
+    within_epoch_s = 60.0
+    _epoch_started = 0.0
+    _last_line = 0.0
+
+    def on_batch(self, done: int, total: int) -> None:
+        """A batch of the running epoch was launched: a line when the last one is a minute old."""
+        now = time.monotonic()
+        if done <= 1:
+            self._epoch_started = self._last_line = now
+            return
+        if now - self._last_line < self.within_epoch_s:
+            return
+        self._last_line = now
+        rate = (done - 1) / max(now - self._epoch_started, 1e-9)
+        self._print(f"batch {done:,}/{total:,} of the running epoch · {rate:.1f} batches/s · "
+                    f"the epoch ends in {clock((total - done) / rate)}")
 
     def show(self, event: Any) -> None:
         super().show(event)
-        if event.epoch % self.every and event.epoch != event.epochs:
+        if event.epoch % self.every and event.epoch not in (1, event.epochs):  # the first: the rate and ETA, early
             return
         step_eta, seq_eta = self.timeline.etas(event.task)
         self._print(f"{_where(event, self.timeline)} · epoch {event.epoch}/{event.epochs} · loss {event.loss:.4f} · "
@@ -293,5 +318,7 @@ def _where(event: Any, timeline: Timeline) -> str:
 def step_text(step: Any) -> str:
     """The line that says a step is done and saved."""
     m = step.metrics
+    if math.isnan(m.overall):  # no test images: say so rather than "- %"
+        return f"step {step.step} done: {step.num_classes} classes, no test images to measure it, in {step.seconds:.1f} s"
     return (f"step {step.step} done: {step.num_classes} classes, accuracy {fmt(m.overall)} % "
             f"(old {fmt(m.old)}, new {fmt(m.new)}) in {step.seconds:.1f} s")

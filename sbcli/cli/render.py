@@ -8,13 +8,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-from sbcli.jsonutil import rounded, strict
+from sbcli.cli.console import console
+from sbcli.jsonutil import strict
 
-ERR = Console(stderr=True)
-OUT = Console(highlight=False)
+ERR = console(stderr=True)
+OUT = console(highlight=False)
 
 
 def fmt(value: float | None, digits: int = 2) -> str:
@@ -108,9 +108,9 @@ def png_note(learner: Any) -> str:
 
 
 def print_json(data: Any) -> None:
-    """Strict JSON on stdout: NaN (no value, e.g. intra-old at step 1) becomes null; percentages are
-    rounded to 2 decimals and seconds to 1 (:func:`sbcli.jsonutil.rounded`)."""
-    OUT.out(json.dumps(strict(rounded(data)), indent=2), highlight=False)
+    """Strict JSON on stdout: NaN (no value, e.g. intra-old at step 1) becomes null; every number is
+    exact, as ``learner.json`` keeps it (tables round, JSON does not)."""
+    OUT.out(json.dumps(strict(data), indent=2), highlight=False)
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ from typing import Annotated
 
 import typer
 
+from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import JsonOpt, LearnerArg
 
@@ -24,6 +25,7 @@ def rollback(
     json_out: JsonOpt = False,
 ) -> None:
     """Make kept step N of a learner current again (later steps are kept until the next add-task)."""
+    paths.learner(learner)  # before torch loads: a mistyped path answers at once
     from sbcli import api
     from sbcli.cli import render
 

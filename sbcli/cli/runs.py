@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,7 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
         for table in render.closing_tables(history, result):
             render.OUT.print(table)
         render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
-        hint = keeping_hint(history, learner.state.memory, learner.state.provenance)
+        hint = keeping_hint(history, learner.state.memory, learner.state.provenance, learner.state.tasks)
         if hint:
             render.OUT.print(hint, highlight=False, soft_wrap=True)
         render.OUT.print(f"Learner saved to {out} (with history.csv{render.png_note(out)}); "
@@ -46,27 +47,56 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
     render.Output(json_out).result({"learner": str(out), "history": history, "summary": result}, show)
 
 
+def _pct(value: float, what: str, missing: str) -> str:
+    """``90.0 % on WHAT``, or ``MISSING`` in words when there is no number (no test images)."""
+    return missing if math.isnan(value) else f"{value:.1f} % {what}"
+
+
 def closing_line(history: list[dict]) -> str:
-    """What the last step's numbers mean, in one line: against chance, and old classes against new ones."""
+    """What the last step's numbers mean, in one line: against chance, and old classes against new ones.
+
+    A number that could not be measured (no test images of those classes) is said in words, never "nan".
+    """
     last, seen = history[-1]["metrics"], history[-1]["num_classes"]
     new = seen - (history[-2]["num_classes"] if len(history) > 1 else 0)
-    text = (f"After step {len(history)}: {last['overall']:.1f} % of the test images right over all {seen} classes "
-            f"seen (chance {100 / seen:.1f} %)")
-    if len(history) == 1 or last["old"] != last["old"]:  # one task, or no old-class test images
+    overall = last["overall"]
+    if math.isnan(overall):
+        text = f"After step {len(history)}: no test images, so no accuracy over the {seen} classes seen (give --test)"
+    else:
+        text = (f"After step {len(history)}: {overall:.1f} % of the test images right over all {seen} classes "
+                f"seen (chance {100 / seen:.1f} %)")
+    if len(history) == 1 or (math.isnan(last["old"]) and math.isnan(last["new"])):
         return text + "."
-    return (f"{text}; {last['old']:.1f} % on the {seen - new} old classes (what was kept), {last['new']:.1f} % "
-            f"on the {new} new ones (what was learned).")
+    old = _pct(last["old"], f"on the {seen - new} old classes (what was kept)", f"no test images of the {seen - new} old classes")
+    learned = _pct(last["new"], f"on the {new} new ones (what was learned)", f"no test images of the {new} new ones")
+    return f"{text}; {old}, {learned}."
 
 
-def keeping_hint(history: list[dict], memory: dict, provenance: dict) -> str | None:
+def _training_images(tasks: list[dict]) -> int | None:
+    """How many training images the learner's tasks had (None when a task did not record it, e.g. format 1)."""
+    counts = [t.get("source", {}).get("train", {}).get("counts") for t in tasks]
+    return None if not counts or any(c is None for c in counts) else sum(sum(c) for c in counts)
+
+
+def keeping_hint(history: list[dict], memory: dict, provenance: dict, tasks: list[dict] | None = None) -> str | None:
     """When the old classes kept under half of what the new ones reached, what keeps more (measured:
-    docs/benchmarks.md, "Keeping the old classes"): more exemplars a class, a pretrained backbone."""
+    docs/benchmarks.md, "Keeping the old classes"): more exemplars a class, a pretrained backbone.
+
+    More exemplars are suggested only when the memory cannot already hold every training image.
+    """
     last = history[-1]["metrics"] if history else {}
     old, new = last.get("old", float("nan")), last.get("new", float("nan"))
-    if len(history) < 2 or old != old or new != new or old >= new / 2:
+    if len(history) < 2 or math.isnan(old) or math.isnan(new) or old >= new / 2:
         return None
     budget, seen = int(memory.get("budget", 0)), history[-1]["num_classes"]
-    also = "" if provenance.get("pretrained") else " or a --pretrained backbone"
+    images = _training_images(tasks or [])
+    pretrained = "" if provenance.get("pretrained") else "a --pretrained backbone"
+    where = "(docs/benchmarks.md, \"Keeping the old classes\")"
+    if images is not None and budget >= images:
+        advice = (f"in sbcli's measurements {pretrained} kept the most {where}" if pretrained
+                  else "more training images a class would give it more to keep")
+        return (f"The old classes kept less than half of what the new ones reached, though the memory (--memory "
+                f"{budget}) holds every training image ({images}); {advice}.")
+    also = f" or {pretrained}" if pretrained else ""
     return (f"The old classes kept less than half of what the new ones reached ({budget // seen} exemplars a class "
-            f"with --memory {budget}); in sbcli's measurements more exemplars a class{also} kept the most "
-            "(docs/benchmarks.md, \"Keeping the old classes\").")
+            f"with --memory {budget}); in sbcli's measurements more exemplars a class{also} kept the most {where}.")

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 
 NET, BATCH, GPU = "Network", "Batching and limits", "GPU (onnxruntime-gpu)"
@@ -44,9 +45,12 @@ def serve(
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="CUDA graphs on the CUDA provider (needs --provider cuda): one captured graph per batch size bucket.", rich_help_panel=GPU)] = False,
     trt_fp16: Annotated[bool, typer.Option("--trt-fp16", help="Let TensorRT use fp16 kernels (--provider tensorrt or auto).", rich_help_panel=GPU)] = False,
     trt_cache: Annotated[Optional[Path], typer.Option("--trt-cache", help="Folder for TensorRT's engines and timing cache (default: tensorrt in the serve cache).", rich_help_panel=GPU, show_default=False)] = None,
+    max_image_megapixels: Annotated[float, typer.Option("--max-image-megapixels", help="An image that would decode to more pixels is refused (413), read from its header before decoding; JPEGs decode at a reduced scale first, so only their reduced size counts.", rich_help_panel=BATCH)] = 40.0,
+    max_request_megapixels: Annotated[float, typer.Option("--max-request-megapixels", help="The most pixels one request may decode (413 beyond), and the most decoded at once by all requests together: it bounds the server's decoding memory (about 4 bytes a pixel).", rich_help_panel=BATCH)] = 120.0,
     reload_interval: Annotated[float, typer.Option("--reload-interval", help="Seconds between checks for a changed model file or learner (0: never reload).", rich_help_panel=BATCH)] = 2.0,
 ) -> None:
     """Serve a model over HTTP: /predict, /health, /metadata, the Open Inference Protocol (KServe v2) and /metrics, with dynamic batching and reload."""
+    paths.model(model)  # before torch or onnxruntime loads: a mistyped path answers at once
     from sbcli.cli import render
     from sbcli.export.serving import EXPORTER
     from sbcli.serve.app import ServeConfig
@@ -55,6 +59,7 @@ def serve(
 
     cfg = ServeConfig(str(model), provider, top_k, max_batch_size, max_wait_ms, int(max_request_mb * 2**20),
                       max_images, reload_interval, threads, cuda_graph, trt_fp16, str(trt_cache) if trt_cache else None,
+                      max_image_pixels=round(max_image_megapixels * 1e6), max_request_pixels=round(max_request_megapixels * 1e6),
                       exporter=EXPORTER)
     listen = Listen(host, port, workers)
     server = prepare(cfg, listen)

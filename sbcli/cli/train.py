@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
+from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import (
     DATA,
@@ -15,6 +16,7 @@ from sbcli.cli._options import (
     JsonOpt,
     KeepOpt,
     LogOpt,
+    NameOpt,
     NoTestSampleOpt,
     PretrainedHashOpt,
     PretrainedOpt,
@@ -38,6 +40,7 @@ EPILOG = """Examples:
 def train(
     source: Annotated[Optional[str], typer.Argument(help="demo (default), cifar10, cifar100, tiny-imagenet, a Tiny-ImageNet zip/dir, or a class-per-folder directory.", show_default=False)] = None,
     test: TestOpt = None,
+    dataset_name: NameOpt = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Learner directory to write (default: a new runs/SOURCE, runs/SOURCE-2, ...).", rich_help_panel=OUT, show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sequence in --out from its last completed step.", rich_help_panel=OUT)] = False,
     keep: KeepOpt = None,
@@ -56,6 +59,9 @@ def train(
     **run_options: Any,
 ) -> None:
     """Start a learner: learn a task sequence and save it after every step."""
+    paths.source(source)  # before torch loads: a mistyped path answers at once
+    if test is not None:
+        paths.folder(test, "test folder")
     from sbcli.cli.runs import run_training
     from sbcli.config.options import build_options
     from sbcli.run.rundirs import output_dir

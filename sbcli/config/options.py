@@ -83,6 +83,7 @@ class SequenceOptions:
     class_order: list[int] | None = None
     classes: int | None = None  # keep only the first N classes of the class order (a smaller benchmark)
     test_sample: bool = True  # carry a capped sample of the test images in the learner (False: private data)
+    dataset_name: str | None = None  # what the data is called on the card (default: the folder above train/test)
 
 
 # How fast and where a run goes, not what it computes: a recipe may not set these.
@@ -165,7 +166,8 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
                           tasks=None if o.get("base") else o.get("tasks"), base=o.get("base"),
                           increment=o.get("increment"), order_seed=order_seed, class_order=o.get("class_order"),
                           classes=o.get("classes"),
-                          test_sample=bool(o.get("test_sample", True)) and not o.get("no_test_sample", False))
+                          test_sample=bool(o.get("test_sample", True)) and not o.get("no_test_sample", False),
+                          dataset_name=o.get("dataset_name"))
     run_fields = _fields(RunOptions) - {"train", "method_options"}
     run = RunOptions(method_options=method_options, train=TrainConfig(**engine),
                      **{k: o[k] for k in run_fields if o.get(k) is not None})

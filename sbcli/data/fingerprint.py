@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from sbcli.data.imageset import ImageSet
+from sbcli.data.names import name_bytes
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,8 @@ def fingerprint(images: ImageSet) -> Fingerprint:
     labels = images.labels.to(torch.int64).contiguous().cpu()
     counts = torch.bincount(labels, minlength=len(images.class_names)).tolist() if len(labels) else [0] * len(images.class_names)
     digest = hashlib.sha256()
-    digest.update(json.dumps(images.class_names, ensure_ascii=False).encode("utf-8"))
+    # a name that is not UTF-8 (surrogateescape, as os.listdir gives it) hashes as its bytes on disk
+    digest.update(name_bytes(json.dumps(images.class_names, ensure_ascii=False)))
     digest.update(labels.numpy().tobytes())
     digest.update(memoryview(images.images.contiguous().cpu().numpy()).cast("B"))
     return Fingerprint(list(images.class_names), [int(c) for c in counts], digest.hexdigest())

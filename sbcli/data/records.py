@@ -3,12 +3,14 @@
 A *spec* (``sbcli.data.catalog.resolve_spec``) says where the data is on this machine and is
 used only while a command runs. A *record* is what ``learner.json`` keeps::
 
-    {"kind": "folder", "name": "train", "image_size": 32,
+    {"kind": "folder", "name": "train", "dataset": "photos", "image_size": 32,
      "train": {"classes": [...], "counts": [...], "sha256": "..."},
      "test": {"name": "val", "classes": [...], "counts": [...], "sha256": "..."}}
 
 ``name`` is the folder's own name (or the benchmark's: ``cifar100``, ``demo``), never a path,
-so a learner shows nothing of the layout or the user name of the machine that trained it.
+so a learner shows nothing of the layout or the user name of the machine that trained it; it finds
+the test folder under ``--data-root``. ``dataset``, when it differs, is what a person calls the data:
+the ``--name`` given, or the folder above a split folder (``photos`` for ``photos/train``).
 ``sbcli.data.whereabouts`` remembers, on this machine only, where a fingerprint was last seen.
 
 Learners of format 1 recorded specs with absolute paths; :func:`public_record` turns those into
@@ -22,8 +24,11 @@ from pathlib import Path
 from sbcli.data import whereabouts
 from sbcli.data.fingerprint import Fingerprint, fingerprint
 from sbcli.data.imageset import ImageSet
+from sbcli.errors import ConfigError
 
 PATH_KEYS = ("path", "root", "test")
+# Folder names that say which split a folder is, not what the data is: photos/train is "photos".
+SPLIT_NAMES = frozenset({"train", "training", "test", "testing", "val", "valid", "validation"})
 
 
 def source_name(spec: dict) -> str:
@@ -33,9 +38,36 @@ def source_name(spec: dict) -> str:
     return spec["kind"]
 
 
-def source_record(spec: dict, train: ImageSet | None, test: ImageSet | None) -> dict:
-    """The record of an opened spec: names and fingerprints, no path."""
+def dataset_name(spec: dict, given: str | None = None) -> str:
+    """What a person calls the data: ``given`` (``--name``), else the folder above a split folder
+    (``photos`` for ``photos/train``), else :func:`source_name`."""
+    if given:
+        return given
+    name = source_name(spec)
+    path = Path(spec["path"]) if "path" in spec else None
+    if path is not None and name.lower() in SPLIT_NAMES and _plain_name(path.parent.name):
+        return path.parent.name
+    return name
+
+
+def check_dataset_name(name: str | None) -> None:
+    """``--name`` is a name, not a path."""
+    if name is not None and not (_plain_name(name) and len(name) <= 200):
+        raise ConfigError(f"--name {name!r} is not a name; give a short name without '/' (e.g. --name holiday-photos).")
+
+
+def display_name(record: dict) -> str:
+    """The name a card or a table shows for a recorded source (format 1 included)."""
+    public = public_record(record)
+    return public.get("dataset") or public["name"]
+
+
+def source_record(spec: dict, train: ImageSet | None, test: ImageSet | None, dataset: str | None = None) -> dict:
+    """The record of an opened spec: names and fingerprints, no path; ``dataset``: the name the user gave."""
     record: dict = {"kind": spec["kind"], "name": source_name(spec)}
+    shown = dataset_name(spec, dataset)
+    if shown != record["name"]:
+        record["dataset"] = shown
     if "image_size" in spec:
         record["image_size"] = spec["image_size"]
     if train is not None:
@@ -57,10 +89,15 @@ def is_record(value: object) -> bool:
 
 
 def public_record(record: dict) -> dict:
-    """``record`` with every path replaced by its last part (a format-1 spec becomes a record)."""
+    """``record`` with every path replaced by its last part (a format-1 spec becomes a record).
+
+    Format 1 also recorded benchmarks by kind alone (``{"kind": "demo"}``): they get the kind as name.
+    """
     if not is_legacy(record):
-        return record
+        return record if "name" in record else {"name": source_name(record), **record}
     out = {"kind": record["kind"], "name": source_name(record)}
+    if dataset_name(record) != out["name"]:
+        out["dataset"] = dataset_name(record)
     if "image_size" in record:
         out["image_size"] = record["image_size"]
     if record.get("test") and isinstance(record["test"], str):
@@ -87,17 +124,21 @@ def test_name(record: dict) -> str | None:
 
 
 def same_source(stored: dict, current: dict) -> bool:
-    """Whether a stored record names the same source as a fresh one (by name alone for format 1)."""
+    """Whether a stored record names the same source as a fresh one (by name alone for format 1).
+
+    The shown name (``dataset``) is not the source: records from before it was kept have none.
+    """
     if is_legacy(stored):
         keys = ("kind", "name", "image_size")
         return all(public_record(stored).get(k) == current.get(k) for k in keys)
-    return stored == current
+    unnamed = lambda r: {k: v for k, v in r.items() if k != "dataset"}  # noqa: E731
+    return unnamed(stored) == unnamed(current)
 
 
-def remember_source(spec: dict, train: ImageSet | None, test: ImageSet | None) -> dict:
+def remember_source(spec: dict, train: ImageSet | None, test: ImageSet | None, dataset: str | None = None) -> dict:
     """:func:`source_record`, and this machine remembers where the test set is
     (:mod:`sbcli.data.whereabouts`), so that ``sb evaluate`` finds it from any working directory."""
-    record = source_record(spec, train, test)
+    record = source_record(spec, train, test, dataset)
     where = spec.get("test") or spec.get("path") or spec.get("root")
     if test is not None and where:
         whereabouts.remember(record["test"]["sha256"], Path(where))
@@ -129,12 +170,14 @@ def record_problem(v: object, max_classes: int = 100_000) -> str | None:
     """What is wrong with the JSON of a record (not a format-1 spec), or None; for load-time checks."""
     if not isinstance(v, dict):
         return " must be an object"
-    allowed = {"kind", "name", "image_size", "train", "test"}
+    allowed = {"kind", "name", "dataset", "image_size", "train", "test"}
     unknown = sorted(set(v) - allowed)
     if unknown:
         return f".{unknown[0]} is not a known field of a data source record"
     if not isinstance(v.get("kind"), str) or not _plain_name(v.get("name")):
         return " must have a kind and a name (a folder or benchmark name, not a path)"
+    if "dataset" in v and not (_plain_name(v["dataset"]) and len(v["dataset"]) <= 200):
+        return ".dataset must be a name (not a path)"
     size = v.get("image_size", 32)
     if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= 4096:
         return ".image_size must be a whole number of pixels"

@@ -9,6 +9,7 @@ or a silently endless or partial listing.
 from __future__ import annotations
 
 import os
+import stat as stat_module
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,24 +46,45 @@ def walk_files(folder: Path) -> Iterator[Path]:
     Raises:
         DataError: a symlink loops back to a folder above it, a link dangles, or a folder cannot be read.
     """
+    for path, _ in walk_stats(folder):
+        yield path
+
+
+def walk_stats(folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
+    """Every file below ``folder`` in sorted order with its ``stat`` (links followed): one stat call a file.
+
+    Raises:
+        DataError: a symlink loops back to a folder above it, a link dangles, or a folder cannot be read.
+    """
     folder = Path(folder)
     st = stat(folder)
     yield from _walk(folder, {(st.st_dev, st.st_ino): folder})
 
 
-def _walk(folder: Path, ancestors: dict[tuple[int, int], Path]) -> Iterator[Path]:
+def _entries(folder: Path) -> list[tuple[str, os.stat_result]]:
+    """(name, stat following links) of every entry of ``folder``, sorted by name."""
     try:
-        names = sorted(os.listdir(folder))
+        with os.scandir(folder) as listing:
+            entries = sorted(listing, key=lambda e: e.name)
     except OSError as err:
         raise DataError(_unreadable(folder, err)) from err
+    out = []
+    for entry in entries:
+        try:
+            out.append((entry.name, entry.stat()))
+        except OSError as err:
+            raise DataError(_unreadable(folder / entry.name, err)) from err
+    return out
+
+
+def _walk(folder: Path, ancestors: dict[tuple[int, int], Path]) -> Iterator[tuple[Path, os.stat_result]]:
     dirs: list[tuple[Path, os.stat_result]] = []
-    for name in names:
+    for name, st in _entries(folder):
         path = folder / name
-        st = stat(path)
-        if os.path.isdir(path):
+        if stat_module.S_ISDIR(st.st_mode):
             dirs.append((path, st))
         else:
-            yield path
+            yield path, st
     for path, st in dirs:
         key = (st.st_dev, st.st_ino)
         if key in ancestors:

@@ -22,6 +22,7 @@ With one process (no torchrun) every function here is a no-op and :func:`info` i
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -78,17 +79,39 @@ def is_main_process() -> bool:
 def session(device: torch.device | str = "auto") -> Iterator[None]:
     """Run a block in the process group torchrun describes, if any.
 
-    A group started here is destroyed on exit; one already running (started by the caller) is
-    used and left running. Without torchrun this does nothing.
+    A group started here is left on exit (:func:`leave`); one already running (started by the
+    caller) is used and left running. Without torchrun this does nothing.
     """
     started = launched().enabled and dist.is_available() and not dist.is_initialized()
     if started:
         _start_group(str(device))
     try:
         yield
-    finally:
-        if started and dist.is_initialized():
-            dist.destroy_process_group()
+    except BaseException:
+        if started:
+            leave(wait_for_peers=False)  # a peer may be gone: do not wait for it
+        raise
+    if started:
+        leave(wait_for_peers=True)
+
+
+def leave(wait_for_peers: bool) -> None:
+    """Tear the process group down while the interpreter is fully alive, in this order.
+
+    1. (normal exit) wait until every rank is here, so no rank closes its connections while a
+       peer still has collectives in flight;
+    2. collect the cyclic garbage: DDP wrappers sit in reference cycles and their reducers hold
+       the group and its pending work; left to the interpreter's exit, they tore gloo down during
+       finalization and the process aborted ("terminate called without an active exception");
+    3. destroy the group, and collect again what it held.
+    """
+    if not dist.is_initialized():
+        return
+    if wait_for_peers:
+        dist.barrier()
+    gc.collect()
+    dist.destroy_process_group()
+    gc.collect()
 
 
 def join(device: torch.device) -> torch.device:

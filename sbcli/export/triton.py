@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sbcli.data.names import name_bytes
 from sbcli.errors import ConfigError, ExportError
 from sbcli.atomic import current_umask
 from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, export_onnx
@@ -139,7 +140,7 @@ def export_triton(learners: Learner | Iterable[Learner], repository: Path, onnx_
         if last is None:
             raise ExportError("The learner has no step to export; train it first.")
         image_size, names, report = last
-        (work / LABELS_FILE).write_text("".join(f"{n}\n" for n in names), encoding="utf-8")
+        (work / LABELS_FILE).write_bytes(b"".join(name_bytes(n) + b"\n" for n in names))  # a name's bytes as on disk
         classes = len(names) if len(counts) == 1 else -1
         (work / CONFIG_FILE).write_text(config_text(name, image_size, classes, cfg), encoding="utf-8")
         os.rename(work, final)

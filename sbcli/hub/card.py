@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sbcli import __version__
-from sbcli.data.records import public_record
+from sbcli.data.records import display_name, public_record
 from sbcli.learner.state import LearnerState
 from sbcli.methods import METHODS
 from sbcli.metrics import history_summary
@@ -85,13 +85,13 @@ def hub_datasets(state: LearnerState) -> list[str]:
 
 
 def _dataset(state: LearnerState, upto: int) -> tuple[str, str]:
-    """(type, name) of the test data after step ``upto``: a Hub id, or ``imagefolder`` and the folders' names."""
+    """(type, name) of the test data after step ``upto``: a Hub id, or ``imagefolder`` and the data's names
+    (what the user called it: ``--name``, or the folder above train/ and test/)."""
     sources = _sources(state)[:upto]
     kinds = {s["kind"] for s in sources}
     if len(kinds) == 1 and (kind := kinds.pop()) in HUB_DATASETS:
         return HUB_DATASETS[kind], kind
-    names = [s.get("test", {}).get("name") if isinstance(s.get("test"), dict) else s["name"] for s in sources]
-    return "imagefolder", "class folders: " + ", ".join(dict.fromkeys(n or "-" for n in names))
+    return "imagefolder", ", ".join(dict.fromkeys(display_name(s) for s in sources))
 
 
 def eval_results(state: LearnerState) -> list[Any]:
@@ -135,8 +135,7 @@ def source_table(state: LearnerState) -> str:
     for step, source in enumerate(_sources(state), start=1):
         train, test = source.get("train", {}), source.get("test") if isinstance(source.get("test"), dict) else {}
         count = lambda part: str(sum(part["counts"])) if "counts" in part else "-"  # noqa: E731
-        name = source["name"] + (f" (test: {test['name']})" if test.get("name") and test["name"] != source["name"] else "")
-        rows.append(f"| {step} | {source['kind']}: {name} | {count(train)} | {count(test)} | "
+        rows.append(f"| {step} | {source['kind']}: {display_name(source)} | {count(train)} | {count(test)} | "
                     f"{test.get('sha256', '-')[:16]} |")
     return "\n".join(rows)
 
@@ -168,9 +167,44 @@ def settings_block(state: LearnerState, inference: str) -> str:
         *([f"- pretrained backbone: `{json.dumps(state.provenance['pretrained'])}`"] if "pretrained" in state.provenance else []),
         f"- normalisation: mean {norm['mean']}, std {norm['std']}",
         f"- method hyperparameters: `{json.dumps(dataclasses.asdict(state.method_config))}`",
-        f"- training: `{json.dumps(dataclasses.asdict(state.train_config))}`",
+        f"- training settings a next step starts from: `{json.dumps(dataclasses.asdict(state.train_config))}`",
         f"- exemplar memory: budget {state.memory['budget']}, selection {state.memory['selection']}",
         f"- provenance: `{json.dumps(state.provenance)}`",
+    ])
+
+
+def step_settings_table(state: LearnerState) -> str:
+    """Each step's own training: its phases' epochs, and its settings where they differ from the step before."""
+    rows = ["| step | phases (epochs) | training settings of this step |", "|---:|---|---|"]
+    before: dict | None = None
+    for h in state.history:
+        phases = ", ".join(f"{p['name']} {p['epochs']}" for p in h.get("phases", [])) or "-"
+        cfg = h.get("train_config")
+        if cfg is None:
+            what = "not recorded (learned before sbcli kept each step's settings)"
+        elif before is None:
+            what = f"`{json.dumps(cfg)}`"
+        else:
+            changed = {k: v for k, v in cfg.items() if before.get(k) != v}
+            what = f"as step {h['step'] - 1}, but `{json.dumps(changed)}`" if changed else f"as step {h['step'] - 1}"
+        before = cfg if cfg is not None else before
+        rows.append(f"| {h['step']} | {phases} | {what} |")
+    return "\n".join(rows)
+
+
+def use_block(state: LearnerState) -> str:
+    """Intended use and limitations, from what the learner knows of itself."""
+    names = ", ".join(dict.fromkeys(display_name(s) for s in _sources(state)))
+    return "\n".join([
+        f"- **Intended use:** classifying images into the {state.num_classes} classes listed below, of the kind "
+        f"it learned from ({names}), at {state.image_size}x{state.image_size} pixels; and growing it with "
+        "more classes (`sb add-task`).",
+        "- **Every image gets one of these classes.** There is no \"none of these\": an image of anything else "
+        "is still put in one of them, often with a high probability.",
+        "- **Accuracy is measured on the test images listed under Data only.** Photos taken elsewhere (other "
+        "cameras, light, backgrounds) may score lower; check on your own images before relying on it.",
+        "- **Old classes are forgotten a little at each step:** the accuracy table shows how much, per task.",
+        "- **Not for decisions about people** or anything safety-critical: it was not built or tested for that.",
     ])
 
 
@@ -247,7 +281,9 @@ def model_card(state: LearnerState, facts: CardFacts) -> str:
         "Each task's data as it was named when learned (never a path), with its fingerprint: a learner "
         "recognises its original test set on another machine by this hash.", "",
         source_table(state), "",
+        "## Intended use and limitations", "", use_block(state), "",
         "## Method and settings", "", settings_block(state, facts.inference), "",
+        "Each step's own training:", "", step_settings_table(state), "",
         "## Accuracy after each step (%)", "", accuracy_table(state.history), "", summary_line(state.history), "",
         "## Files", "", *[f"- `{name}`" for name in facts.files], "",
         "## Continue learning", "",

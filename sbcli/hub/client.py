@@ -182,8 +182,10 @@ class PushReport:
     onnx: Any  # sbcli.export.onnx.OnnxReport
 
     def to_json(self) -> dict[str, Any]:
+        # the ONNX file was written to a temporary folder, gone after the push: name it where it now is
+        onnx = {**self.onnx.to_json(), "path": ONNX_FILE}
         return {"repo_id": self.repo_id, "url": self.url, "revisions": self.revisions, "files": self.files,
-                "with_memory": self.with_memory, "onnx": self.onnx.to_json()}
+                "with_memory": self.with_memory, "onnx": onnx}
 
 
 def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private: bool = False,

@@ -3,7 +3,9 @@
 NAME is a zoo name (``sb pull --list``) or ``OWNER/NAME`` on the Hub. Where the zoo index lists
 file hashes for what is fetched, every listed file must match its SHA-256; files are copied into
 a temporary folder beside the target, verified there, checked to be a learner, and only then
-moved into place, so a refused pull leaves nothing behind.
+moved into place, so a refused pull leaves nothing behind. With or without zoo hashes, every file
+the learner names must match the SHA-256 and size its own ``learner.json`` records (format 3,
+:mod:`sbcli.learner.store.integrity`): a flipped bit or a zeroed tail fails the pull.
 """
 
 from __future__ import annotations
@@ -156,7 +158,7 @@ def install(source: Source, target: Path) -> tuple[list[str], dict[str, Any]]:
             if source.cached:
                 evict_cached(source.folder, bad)
             raise ExportError(hash_error(bad, source.origin))
-        inside = _check_learner(tmp, source.origin)
+        inside = _check_learner(tmp, source.origin, bool(source.expected))
         _move_into_place(tmp, target)
     finally:
         if tmp.exists():
@@ -174,16 +176,23 @@ def _move_into_place(tmp: Path, target: Path) -> None:
         raise LearnerError(f"{target} already exists; pull into another directory with -o, or remove it first.") from err
 
 
-def _check_learner(folder: Path, origin: str) -> dict[str, Any]:
-    """Load the downloaded learner whole (every file checked), and say what it holds."""
-    from sbcli.learner.state import Learner, read_state
+def _check_learner(folder: Path, origin: str, zoo_verified: bool) -> dict[str, Any]:
+    """Load the downloaded learner whole (every file checked against its recorded hash), and say what it holds."""
+    from sbcli.learner.state import Learner, open_stored, read_state
 
     try:
         read_state(folder)
-        learner = Learner.load(folder, "cpu")
+        learner = Learner.load(folder, "cpu")  # reads and verifies the current step's files
+        stored = open_stored(folder)
+        for rel in sorted(stored.referenced() - set(stored.files.values())):
+            stored.read(rel)  # the files of other kept steps, each verified in one pass
     except LearnerError as err:
         raise LearnerError(f"{origin} is not an sbcli learner ({str(err).replace(str(folder), 'the download')})") from err
-    return contents(learner)
+    inside = contents(learner)
+    inside["hashes_recorded"] = bool(stored.hashes)
+    if not stored.hashes and not zoo_verified:
+        inside["unverified"] = True
+    return inside
 
 
 def contents(learner: Any) -> dict[str, Any]:
@@ -191,7 +200,9 @@ def contents(learner: Any) -> dict[str, Any]:
     s = learner.state
     return {"steps": s.steps, "classes": s.num_classes, "memory_budget": learner.memory.budget,
             "exemplar_images": len(learner.memory),
-            "test_images": 0 if learner.test_sample is None else len(learner.test_sample)}
+            "test_images": 0 if learner.test_sample is None else len(learner.test_sample),
+            # tasks of the demo, whose test images ship with sbcli: `sb evaluate` finds them anywhere
+            "bundled_test_tasks": sum(t["source"].get("kind") == "demo" for t in s.tasks)}
 
 
 def content_notes(inside: dict[str, Any]) -> list[str]:
@@ -199,13 +210,22 @@ def content_notes(inside: dict[str, Any]) -> list[str]:
     if not inside:
         return []
     notes = []
+    if inside.get("unverified"):
+        notes.append("this learner records no file hashes (it was saved by an older sbcli) and no zoo index "
+                     "lists it: its files were checked for structure, not for changed bytes")
     if inside["exemplar_images"] == 0 and inside["memory_budget"] > 0 and inside["steps"] > 0:
         notes.append("this learner carries no exemplar memory (it was pushed without --with-memory): `sb add-task` "
                      "refuses it unless you pass --no-rehearsal, which grows it by distillation alone")
     else:
         notes.append(f"this learner carries {inside['exemplar_images']} exemplar images (its memory), so "
                      "`sb add-task` rehearses its old classes")
-    if inside["test_images"] == 0:
+    bundled = inside.get("bundled_test_tasks", 0)
+    if inside["test_images"] == 0 and bundled and bundled == inside["steps"]:
+        notes.append("its test images are the demo's, which ship with sbcli, so `sb evaluate` works anywhere")
+    elif inside["test_images"] == 0 and bundled:
+        notes.append("it carries no test sample: `sb evaluate` finds the demo's test images (they ship with sbcli) "
+                     "and needs the other tasks' original test folders (--data-root) or a test folder you give it")
+    elif inside["test_images"] == 0:
         notes.append("it carries no test sample: `sb evaluate` needs its original test folders (--data-root) "
                      "or a test folder you give it")
     else:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sbcli.data.names import shown
 from sbcli.data.records import public_record
 
 ONNX_FILE = "model.onnx"
@@ -68,5 +69,5 @@ def stage(learner_dir: Path, work: Path, upload: Upload, onnx_cfg: Any) -> tuple
     sample = learner.test_sample
     facts = CardFacts(upload.repo_id, inference_rule(learner), len(learner.memory), 0 if sample is None else len(sample),
                       files, list(upload.branches), upload.license)
-    (folder / CARD_FILE).write_text(model_card(learner.state, facts), encoding="utf-8")
+    (folder / CARD_FILE).write_text(shown(model_card(learner.state, facts)), encoding="utf-8")  # names not UTF-8: \xNN
     return folder, files, report

@@ -165,7 +165,7 @@ class Learner:
         files = stored.step_files(step)
         root = stored.root
         state = _step_state(stored, step)
-        tensors = _tensors(root / files["model"])
+        tensors = _tensors(stored, files["model"])
         validate.check_model_tensors(tensors, state, root / files["model"])  # before any network is built
         model = create_model(state.arch, state.num_classes, state.width)
         extra = {k[len(EXTRA_PREFIX):]: v for k, v in tensors.items() if k.startswith(EXTRA_PREFIX)}
@@ -175,8 +175,8 @@ class Learner:
         except RuntimeError as err:
             raise LearnerError(f"{root / files['model']} does not match learner.json ({err.args[0].splitlines()[0]}); "
                                "the learner is corrupt, restore it from a copy.") from err
-        memory = _load_memory(root / files["memory"], state)
-        return cls(state, model.to(device), memory, extra, _load_sample(root, files, state))
+        memory = _load_memory(stored, files["memory"], state)
+        return cls(state, model.to(device), memory, extra, _load_sample(stored, files, state))
 
 
 def open_stored(path: Path) -> Stored:
@@ -217,14 +217,17 @@ def _missing(root: Path, err: FileNotFoundError) -> LearnerError:
     return LearnerError(f"The learner at {root} is missing {rel}; restore the directory from a copy.")
 
 
-def _tensors(path: Path) -> dict[str, torch.Tensor]:
+def _tensors(stored: Stored, rel: str) -> dict[str, torch.Tensor]:
+    """A named safetensors file: read once, checked against its recorded hash, then parsed without trust."""
+    path = stored.root / rel
     if not path.is_file():
         raise FileNotFoundError(2, "No such file", str(path))
-    return validate.read_safetensors(path)
+    return validate.parse_safetensors(stored.read(rel), path)
 
 
-def _load_memory(path: Path, state: LearnerState) -> ExemplarMemory:
-    tensors = _tensors(path)
+def _load_memory(stored: Stored, rel: str, state: LearnerState) -> ExemplarMemory:
+    path = stored.root / rel
+    tensors = _tensors(stored, rel)
     validate.check_memory_tensors(tensors, state, path)
     if "images" not in tensors or "labels" not in tensors:
         raise LearnerError(f"{path} lacks images or labels; restore the learner from a copy.")
@@ -234,13 +237,13 @@ def _load_memory(path: Path, state: LearnerState) -> ExemplarMemory:
     return memory
 
 
-def _load_sample(root: Path, files: dict[str, str], state: LearnerState) -> CarriedSample | None:
+def _load_sample(stored: Stored, files: dict[str, str], state: LearnerState) -> CarriedSample | None:
     """The carried test sample, checked against what learner.json records of it (None when it has none)."""
     if not state.test_sample:
         return None
     rel = files.get("test_sample")
     if rel is None:
-        raise LearnerError(f"learner.json of {root} records a test sample but names no file for it; "
+        raise LearnerError(f"learner.json of {stored.root} records a test sample but names no file for it; "
                            "restore the learner from a copy.")
-    path = root / rel
-    return carried_sample.check(_tensors(path), state.test_sample, state.num_classes, state.image_size, path)
+    path = stored.root / rel
+    return carried_sample.check(_tensors(stored, rel), state.test_sample, state.num_classes, state.image_size, path)

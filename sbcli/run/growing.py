@@ -29,6 +29,7 @@ class AddTaskOptions:
     test_sample: bool = True  # carry a sample of the new classes' test images
     no_rehearsal: bool = False  # grow without exemplars of the old classes (a learner pulled without memory)
     balance_epochs: int | None = None  # class-balanced fine-tuning after this step and later ones (recorded); None: as recorded
+    name: str | None = None  # what the new data is called on the card (default: the folder above train/test)
 
 
 def set_balance(learner: Learner, epochs: int | None) -> None:

@@ -5,6 +5,7 @@ This is the task loop the design gives the engine's side: methods only say their
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -98,7 +99,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     seconds = time.perf_counter() - start
     state.tasks.append(task_record)
     state.history.append({**entry, "phases": [p.to_json() for p in result.phases], "record": result.record,
-                          "seconds": round(seconds, 2)})
+                          "seconds": round(seconds, 2), "train_config": dataclasses.asdict(state.train_config)})  # this step's own
     return StepSummary(step + 1, state.num_classes, metrics, seconds)
 
 

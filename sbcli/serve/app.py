@@ -30,9 +30,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from sbcli.errors import SbcliError
+from sbcli.serve import limits
 from sbcli.serve import source as sources
-from sbcli.serve.http import HTTPError, read_body
 from sbcli.serve.batching import BatchConfig, Batcher
+from sbcli.serve.limits import HTTPError, parse_json, read_body
 from sbcli.serve.predict import top_k as rank
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class ServeConfig:
     cuda_graph: bool = False  # the GPU options (sbcli.serve.gpu)
     trt_fp16: bool = False
     trt_cache: str | None = None
+    max_image_pixels: int = limits.DEFAULT_MAX_IMAGE_PIXELS  # decoded pixels, checked from the header first
+    max_request_pixels: int = limits.DEFAULT_MAX_REQUEST_PIXELS  # also the most decoded at once, server-wide
     exporter: str | None = None  # the module that exports a learner directory (sbcli.serve.source.LearnerExporter)
 
     def gpu(self) -> Any:
@@ -63,6 +66,10 @@ class ServeConfig:
 
         options = GpuOptions(self.cuda_graph, self.trt_fp16, self.trt_cache)
         return None if options == GpuOptions() else options
+
+    @property
+    def request_limits(self) -> limits.RequestLimits:
+        return limits.RequestLimits(self.max_request_bytes, self.max_images, self.max_image_pixels, self.max_request_pixels)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -79,6 +86,7 @@ class Server:
     cfg: ServeConfig
     loaded: sources.Loaded | None = None
     batcher: Batcher = field(init=False)
+    budget: limits.PixelBudget = field(init=False)
     reloads: int = 0
     started: float = field(default_factory=time.time)
     failing: str | None = None  # why the last changed source did not load (None: serving the latest)
@@ -86,6 +94,7 @@ class Server:
 
     def __post_init__(self) -> None:
         self.batcher = Batcher(BatchConfig(self.cfg.max_batch_size, self.cfg.max_wait_ms))
+        self.budget = limits.PixelBudget(self.cfg.max_request_pixels)
 
     @property
     def source(self) -> Path:
@@ -123,7 +132,7 @@ class Server:
         assert self.loaded is not None
         return {**self.loaded.model.describe(), "source": str(self.source), "model_version": self.loaded.version,
                 "reloads": self.reloads, "batching": {**asdict(self.batcher.cfg), **self.batcher.stats.to_json()},
-                "limits": {"max_request_bytes": self.cfg.max_request_bytes, "max_images": self.cfg.max_images},
+                "limits": self.cfg.request_limits.to_json(),
                 "top_k": self.cfg.top_k}
 
 
@@ -167,10 +176,7 @@ async def _multipart(request: Request, body: bytes, max_images: int, max_bytes: 
 
 
 def _json_images(body: bytes) -> tuple[list[tuple[str, bytes]], dict]:
-    try:
-        data = json.loads(body)
-    except ValueError as err:
-        raise HTTPError(400, f"The JSON body is not valid JSON ({err}).") from err
+    data = parse_json(body)
     if not isinstance(data, dict) or not ({"images", "image"} & data.keys()):
         raise HTTPError(400, 'The JSON body needs "images": a list of base64 strings (or "image": one).')
     raw = data.get("images", [data.get("image")])
@@ -218,6 +224,7 @@ def create_app(server: Server) -> Starlette:
 
     protocol = mount(server)
     server.metrics = protocol.metrics
+    limits.start_policy()
 
     async def predict(request: Request) -> JSONResponse:
         try:
@@ -227,12 +234,7 @@ def create_app(server: Server) -> Starlette:
             loaded = server.loaded  # one model for the whole request, even if a reload happens meanwhile
             assert loaded is not None
             model = loaded.model
-            loop = asyncio.get_running_loop()
-            try:
-                decoded = await asyncio.gather(*(loop.run_in_executor(None, model.preprocess.decode, data, name)
-                                                 for name, data in images))
-            except SbcliError as err:
-                raise HTTPError(400, str(err)) from err
+            decoded = await limits.decode_within(model.preprocess, images, server.cfg.request_limits, server.budget)
             if server.metrics is not None:
                 server.metrics.images_decoded("/predict", len(decoded))
             batch = model.preprocess.to_input(list(decoded))

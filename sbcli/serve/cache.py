@@ -1,4 +1,4 @@
-"""Where serving keeps what it derives: learner directories exported to ONNX, TensorRT engines."""
+"""Where serving keeps what it derives from a learner or a model (exported ONNX files, TensorRT engines)."""
 
 from __future__ import annotations
 

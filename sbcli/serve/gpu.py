@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from sbcli.errors import ConfigError
+from sbcli.serve.cache import cache_dir
 
 TRT, CUDA = "TensorrtExecutionProvider", "CUDAExecutionProvider"
 
@@ -45,8 +46,6 @@ class GpuOptions:
     def cache_path(self) -> str:
         if self.trt_cache:
             return str(Path(self.trt_cache).expanduser())
-        from sbcli.serve.cache import cache_dir
-
         return str(cache_dir() / "tensorrt")
 
     def provider_options(self, providers: list[str]) -> list[dict[str, str]]:

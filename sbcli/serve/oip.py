@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from sbcli.errors import SbcliError
 from sbcli.serve import oip_codec as codec
-from sbcli.serve.http import HTTPError, read_body
+from sbcli.serve.limits import HTTPError, decode_within, read_body
 from sbcli.serve.metrics import Metrics
 from sbcli.serve.model import OnnxClassifier
 from sbcli.serve.predict import softmax
@@ -49,7 +49,7 @@ def _error(status: int, sentence: str) -> JSONResponse:
 class Protocol:
     """The v2 routes over one server, its versions and its metrics."""
 
-    server: Any  # sbcli.serve.app.Server (not imported: the app mounts these routes)
+    server: Any  # sbcli.serve.app.Server, which mounts this module (so not imported here)
     registry: Registry
     metrics: Metrics
 
@@ -140,12 +140,8 @@ class Protocol:
             return np.ascontiguousarray(tensor.data, dtype=np.float32)
         if len(tensor.shape) != 1:
             raise HTTPError(400, f'Input "{BYTES_INPUT}" must have shape [N]: one encoded image per element.')
-        loop = asyncio.get_running_loop()
-        try:
-            decoded = await asyncio.gather(*(loop.run_in_executor(None, model.preprocess.decode, data, f"#{i}")
-                                             for i, data in enumerate(tensor.data)))
-        except SbcliError as err:
-            raise HTTPError(getattr(err, "status", 400), str(err)) from err
+        images = [(f"#{i}", bytes(data)) for i, data in enumerate(tensor.data)]
+        decoded = await decode_within(model.preprocess, images, self.server.cfg.request_limits, self.server.budget)
         self.metrics.images_decoded(INFER, len(decoded))
         return model.preprocess.to_input(list(decoded))
 

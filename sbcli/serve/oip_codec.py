@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from sbcli.serve.http import HTTPError
+from sbcli.serve.limits import HTTPError
 
 HEADER = "Inference-Header-Content-Length"
 

@@ -6,9 +6,10 @@ squared distances, so these are relative, not calibrated).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,8 @@ import numpy as np
 from sbcli.errors import ConfigError, DataError
 from sbcli.serve.model import Classifier, LearnerOpener, open_classifier
 from sbcli.serve.preprocess import IMAGE_EXTENSIONS, Preprocess
+
+MAX_FILE_BYTES = 64 * 2**20  # an image file larger than this is refused before it is read
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,17 @@ class Prediction:
 
 
 @dataclass(frozen=True)
+class Failure:
+    """An image file that could not be read or decoded, and why (one sentence)."""
+
+    image: str
+    error: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"image": self.image, "error": self.error}
+
+
+@dataclass(frozen=True)
 class PredictReport:
     """What ``predict`` answered, and which model and provider answered it."""
 
@@ -40,10 +54,11 @@ class PredictReport:
     kind: str  # "onnx" or "learner"
     provider: str  # "cpu", "cuda", "tensorrt", or "pytorch-cpu" / "pytorch-cuda" for a learner
     predictions: list[Prediction]
+    failed: list[Failure] = field(default_factory=list)  # files that could not be read or decoded
 
     def to_json(self) -> dict[str, Any]:
         return {"model": self.model, "kind": self.kind, "provider": self.provider,
-                "predictions": [p.to_json() for p in self.predictions]}
+                "predictions": [p.to_json() for p in self.predictions], "failed": [f.to_json() for f in self.failed]}
 
 
 def find_images(paths: Sequence[Path]) -> list[Path]:
@@ -66,12 +81,26 @@ def find_images(paths: Sequence[Path]) -> list[Path]:
     return found
 
 
-def _read_decode(spec: Preprocess, path: Path) -> np.ndarray:
+def read_image_file(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of one image file, refused from its size before it is read (and never more than ``limit`` read).
+
+    Raises:
+        DataError: the file cannot be read, or holds more than ``limit`` bytes.
+    """
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(limit + 1) if size <= limit else b""
     except OSError as err:
         raise DataError(f"Cannot read {path} ({err}); check that the file is readable.") from err
-    return spec.decode(data, str(path))
+    if size > limit or len(data) > limit:
+        raise DataError(f"{path} holds {max(size, len(data)):,} bytes, more than the {limit:,} read per image; "
+                        "give a smaller image file.")
+    return data
+
+
+def _read_decode(spec: Preprocess, path: Path) -> np.ndarray:
+    return spec.decode(read_image_file(path), str(path))
 
 
 def decode(paths: Sequence[Path], spec: Preprocess, pool: ThreadPoolExecutor | None = None) -> np.ndarray:
@@ -103,29 +132,52 @@ def _batches(items: Sequence[Path], size: int) -> Iterator[Sequence[Path]]:
         yield items[start : start + size]
 
 
-def predict_with(classifier: Classifier, files: Sequence[Path], *, k: int = 5, batch_size: int = 64) -> list[Prediction]:
-    """Top-``k`` of every file with an open classifier, ``batch_size`` images per run (decoded on threads)."""
+def _decode_each(paths: Sequence[Path], spec: Preprocess, pool: ThreadPoolExecutor) -> list[np.ndarray | Failure]:
+    """Each file decoded, or the sentence that says why it could not be."""
+
+    def one(path: Path) -> np.ndarray | Failure:
+        try:
+            return _read_decode(spec, path)
+        except DataError as err:
+            return Failure(str(path), str(err))
+
+    return list(pool.map(one, paths))
+
+
+def predict_with(classifier: Classifier, files: Sequence[Path], *, k: int = 5,
+                 batch_size: int = 64) -> tuple[list[Prediction], list[Failure]]:
+    """Top-``k`` of every readable file with an open classifier, ``batch_size`` images per run (decoded on
+    threads), and the files that could not be read or decoded."""
     out: list[Prediction] = []
+    failed: list[Failure] = []
     with ThreadPoolExecutor(max_workers=4) as pool:
         for batch in _batches(files, batch_size):
-            scores = classifier.scores(decode(batch, classifier.preprocess, pool))
-            out += top_k(scores, classifier.class_names, k, [str(p) for p in batch])
-    return out
+            decoded = _decode_each(batch, classifier.preprocess, pool)
+            failed += [d for d in decoded if isinstance(d, Failure)]
+            good = [(p, d) for p, d in zip(batch, decoded, strict=True) if not isinstance(d, Failure)]
+            if good:
+                scores = classifier.scores(classifier.preprocess.to_input([d for _, d in good]))
+                out += top_k(scores, classifier.class_names, k, [str(p) for p, _ in good])
+    return out, failed
 
 
 def predict(model: Path, images: Sequence[Path], *, top_k: int = 5, batch_size: int = 64, device: str = "auto",
             provider: str = "auto", open_learner: LearnerOpener | None = None) -> PredictReport:
-    """Top-``top_k`` labels and probabilities of every image, in the order found (a learner
-    directory through ``open_learner``, which the caller hands in).
+    """Top-``top_k`` labels and probabilities of every readable image, in the order found (a learner
+    directory through ``open_learner``, which the caller hands in); the files that could not be read or
+    decoded are in the report's ``failed``.
 
     Raises:
         ConfigError: ``model`` is not a learner or ONNX file, or ``top_k``/``batch_size`` < 1.
-        DataError: a missing path, no images, or an image that cannot be decoded.
+        DataError: a missing path, no images, or no image that can be decoded (the first one's reason).
         ExportError: an ONNX file without sbcli metadata, onnxruntime missing, or the provider unavailable.
     """
     if top_k < 1 or batch_size < 1:
         raise ConfigError("--top-k and --batch-size must be at least 1.")
     files = find_images(images)
     classifier = open_classifier(Path(model), device=device, provider=provider, open_learner=open_learner)
-    predictions = predict_with(classifier, files, k=top_k, batch_size=batch_size)
-    return PredictReport(str(model), classifier.kind, classifier.provider, predictions)
+    predictions, failed = predict_with(classifier, files, k=top_k, batch_size=batch_size)
+    if not predictions:
+        more = f" (and {len(failed) - 1} other files could not be read either)" if len(failed) > 1 else ""
+        raise DataError(failed[0].error + more)
+    return PredictReport(str(model), classifier.kind, classifier.provider, predictions, failed)

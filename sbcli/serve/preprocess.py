@@ -2,46 +2,40 @@
 
 The key holds strict JSON (format 2 of sbcli's metadata)::
 
-    {"decode": {"exif_orientation": "apply", "jpeg_reduced_decode": false, "mode": "RGB",
+    {"decode": {"exif_orientation": "apply", "jpeg_reduced_decode": true, "mode": "RGB",
                 "alpha": "drop", "gray": "replicate", "sixteen_bit": "divide_by_257"},
      "resize": {"width": 32, "height": 32, "filter": "bilinear", "antialias": true,
                 "keep_aspect_ratio": false, "reference": "Pillow Image.resize"},
      "channel_order": "RGB", "layout": "NCHW", "dtype": "float32", "divide_by": 255.0,
      "normalization": {"mean": [...], "std": [...], "where": "inside_graph"}}
 
-In words: decode the whole image (no reduced-size JPEG decoding), apply the EXIF orientation,
-convert to 8-bit RGB (alpha dropped, not composited; gray replicated; 16-bit gray divided by 257),
-resize to width x height with Pillow's bilinear filter (which widens its support when shrinking,
-i.e. antialiased) when the size differs, lay out as [3, H, W], divide by 255. The normalisation is
-inside the graph, so a client never applies it.
+In words: open the image; a JPEG decodes at the smallest of 1/1, 1/2, 1/4, 1/8 scale that still
+covers width x height (Pillow's ``draft``, libjpeg's DCT scaling: ``jpeg_reduced_decode``), apply
+the EXIF orientation, convert to 8-bit RGB (alpha dropped, not composited; gray replicated; 16-bit
+gray divided by 257), resize to width x height with Pillow's bilinear filter (which widens its
+support when shrinking, i.e. antialiased) when the size differs, lay out as [3, H, W], divide by
+255. The normalisation is inside the graph, so a client never applies it. This is exactly how
+training decodes (:func:`sbcli.data.pixels.decode`, one function for both).
 
-Files exported before format 2 carry no ``preprocess`` key; they were served with reduced-size
-JPEG decoding (Pillow's ``draft``) and then the same bilinear resize, and :func:`from_metadata`
-gives exactly that (``jpeg_reduced_decode`` true), so their answers do not change.
+Format-2 files exported before this version say ``"jpeg_reduced_decode": false`` (the whole JPEG
+decoded, then resized) and are served as they say; files before format 2 carry no ``preprocess``
+key and were served with reduced-size decoding, which :func:`from_metadata` keeps.
 """
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import UnidentifiedImageError
 
-from sbcli.data.rgb import IMAGE_EXTENSIONS, to_rgb  # noqa: F401  (IMAGE_EXTENSIONS: serve.predict reads it here)
+from sbcli.data import pixels
+from sbcli.data.pixels import FILTERS
+from sbcli.data.rgb import IMAGE_EXTENSIONS  # noqa: F401  (serve.predict reads it here)
 from sbcli.errors import DataError, ExportError
-
-FILTERS = {
-    "nearest": Image.Resampling.NEAREST,
-    "bilinear": Image.Resampling.BILINEAR,
-    "bicubic": Image.Resampling.BICUBIC,
-    "lanczos": Image.Resampling.LANCZOS,
-    "box": Image.Resampling.BOX,
-    "hamming": Image.Resampling.HAMMING,
-}
 
 
 @dataclass(frozen=True)
@@ -51,7 +45,7 @@ class Preprocess:
     width: int
     height: int
     filter: str = "bilinear"
-    jpeg_reduced_decode: bool = False  # Pillow's draft mode: only files exported before format 2
+    jpeg_reduced_decode: bool = True  # Pillow's draft mode, as training decodes (false in some format-2 files)
     mean: tuple[float, ...] = field(default=(0.0, 0.0, 0.0))  # applied inside the graph (for the record)
     std: tuple[float, ...] = field(default=(1.0, 1.0, 1.0))
 
@@ -69,23 +63,32 @@ class Preprocess:
             "normalization": {"mean": list(self.mean), "std": list(self.std), "where": "inside_graph"},
         }
 
-    def decode(self, data: bytes, name: str = "image") -> np.ndarray:
-        """uint8 [3, height, width] of one encoded image.
+    def decode(self, data: bytes, name: str = "image", max_pixels: int = pixels.DEFAULT_MAX_PIXELS) -> np.ndarray:
+        """uint8 [3, height, width] of one encoded image (:func:`sbcli.data.pixels.decode`, as training decodes).
 
         Raises:
+            ImageTooLargeError: it would decode to more than ``max_pixels`` pixels (checked before decoding).
             DataError: Pillow cannot decode ``data`` (the message names ``name``).
         """
         try:
-            with Image.open(io.BytesIO(data)) as image:
-                if self.jpeg_reduced_decode:
-                    image.draft(None, (self.width, self.height))
-                rgb = to_rgb(ImageOps.exif_transpose(image))
-            if rgb.size != (self.width, self.height):
-                rgb = rgb.resize((self.width, self.height), FILTERS[self.filter])
-        except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
-            reason = "not an image format Pillow reads" if isinstance(err, UnidentifiedImageError) else str(err)
-            raise DataError(f"Cannot decode image {name} ({reason}); send a JPEG, PNG or other image Pillow reads.") from err
-        return np.asarray(rgb).transpose(2, 0, 1)
+            return pixels.decode(data, self.width, self.height, draft=self.jpeg_reduced_decode, filter=self.filter,
+                                 max_pixels=max_pixels, name=name)
+        except (OSError, SyntaxError, ValueError) as err:
+            raise _undecodable(name, err) from err
+
+    def decoded_pixels(self, data: bytes, name: str = "image", max_pixels: int = pixels.DEFAULT_MAX_PIXELS) -> int:
+        """How many pixels :meth:`decode` would decode, from the header alone (nothing is decoded).
+
+        Raises:
+            ImageTooLargeError: Pillow's own decompression-bomb check refuses the header.
+            DataError: Pillow cannot read the header.
+        """
+        try:
+            width, height = pixels.decoded_size(data, self.width, self.height, draft=self.jpeg_reduced_decode,
+                                                name=name, max_pixels=max_pixels)
+        except (OSError, SyntaxError, ValueError) as err:
+            raise _undecodable(name, err) from err
+        return width * height
 
     @staticmethod
     def to_input(images: list[np.ndarray] | np.ndarray) -> np.ndarray:
@@ -93,9 +96,14 @@ class Preprocess:
         return np.ascontiguousarray(np.stack(images) if isinstance(images, list) else images, dtype=np.float32) / 255.0
 
 
+def _undecodable(name: str, err: Exception) -> DataError:
+    reason = "not an image format Pillow reads" if isinstance(err, UnidentifiedImageError) else str(err)
+    return DataError(f"Cannot decode image {name} ({reason}); send a JPEG, PNG or other image Pillow reads.")
+
+
 def for_model(image_size: int, normalization: Mapping[str, Any]) -> Preprocess:
     """The preprocessing that ``sb export`` records for a learner of this size and normalisation."""
-    return Preprocess(image_size, image_size, "bilinear", False, tuple(normalization["mean"]), tuple(normalization["std"]))
+    return Preprocess(image_size, image_size, "bilinear", True, tuple(normalization["mean"]), tuple(normalization["std"]))
 
 
 def from_metadata(meta: Mapping[str, str], source: str) -> Preprocess:

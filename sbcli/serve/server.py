@@ -12,6 +12,9 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from PIL import Image
+
+from sbcli.data.pixels import DEFAULT_MAX_PIXELS
 from sbcli.errors import ConfigError, ExportError
 from sbcli.serve.app import CONFIG_ENV, ServeConfig, Server, create_app
 from sbcli.serve.batching import BatchConfig
@@ -39,6 +42,17 @@ def check(cfg: ServeConfig, listen: Listen) -> None:
         raise ConfigError("--workers must be at least 1 and --port between 0 and 65535.")
     if cfg.top_k < 1 or cfg.max_images < 1 or cfg.max_request_bytes < 1024 or cfg.reload_interval_s < 0:
         raise ConfigError("--top-k and --max-images must be at least 1, --max-request-mb at least 0.001 and --reload-interval at least 0.")
+    check_pixels(cfg.max_image_pixels, cfg.max_request_pixels)
+
+
+def check_pixels(image: int, request: int) -> None:
+    """Refuse pixel limits that are not positive, not ordered, or above Pillow's decompression-bomb threshold."""
+    bomb = Image.MAX_IMAGE_PIXELS or DEFAULT_MAX_PIXELS
+    if not 1 <= image <= request:
+        raise ConfigError("--max-image-megapixels must be above 0 and at most --max-request-megapixels.")
+    if image > bomb:
+        raise ConfigError(f"--max-image-megapixels must be at most {bomb / 1e6:g} (Pillow's decompression-bomb threshold, "
+                          "which the server enforces too).")
 
 
 def prepare(cfg: ServeConfig, listen: Listen) -> Server:

@@ -129,8 +129,8 @@ def fingerprint(lines: Sequence[str]) -> str:
     return hashlib.sha256("\n".join(lines).encode("utf-8", "surrogateescape")).hexdigest()
 
 
-def stat_line(name: str, path: Path) -> str:
-    """The fingerprint line of one file."""
-    st = walk.stat(path)
+def stat_line(name: str, path: Path, st: os.stat_result | None = None) -> str:
+    """The fingerprint line of one file (from ``st`` when the caller already has its stat)."""
+    st = walk.stat(path) if st is None else st
     return f"{name}\t{st.st_size}\t{st.st_mtime_ns}"
 

@@ -9,7 +9,6 @@ under a second.
 
 from __future__ import annotations
 
-import io
 import os
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
@@ -18,40 +17,37 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
 
-from sbcli.data import walk
+from sbcli.data import pixels, progress, walk
 from sbcli.data.imageset import ImageSet
-from sbcli.data.rgb import IMAGE_EXTENSIONS, to_rgb
+from sbcli.data.rgb import IMAGE_EXTENSIONS
 from sbcli.errors import DataError
 
 _DECODE_CHUNK = 256  # images per thread-pool task: large enough to amortise the task overhead
 
 
-def decode_image(data: bytes, image_size: int) -> np.ndarray:
-    """Decode one encoded image to RGB at ``image_size`` x ``image_size``.
+def decode_image(data: bytes, image_size: int, name: str = "image") -> np.ndarray:
+    """Decode one encoded image to RGB at ``image_size`` x ``image_size`` (:func:`sbcli.data.pixels.decode`).
 
     EXIF rotation is applied (phone photos store it there), alpha is dropped as torchvision's
-    ``pil_loader`` does, and the image is resized with Pillow's antialiased bilinear filter,
-    without keeping its aspect ratio.
+    ``pil_loader`` does, a JPEG decodes at a reduced DCT scale still at least ``image_size`` (a
+    big photo then costs a fraction to decode), and the image is resized with Pillow's
+    antialiased bilinear filter, without keeping its aspect ratio. ``sb serve`` decodes with the
+    same function, so a served model sees the pixels it was trained on.
 
     Args:
         data: the bytes of a file in any format Pillow reads.
         image_size: the side of the square output.
+        name: how errors name the image.
 
     Returns:
         uint8 array [3, image_size, image_size].
 
     Raises:
-        OSError, SyntaxError, ValueError, Image.DecompressionBombError: Pillow cannot decode it.
+        ImageTooLargeError: it would decode to more than ``pixels.DEFAULT_MAX_PIXELS`` pixels.
+        OSError, SyntaxError, ValueError: Pillow cannot decode it.
     """
-    with Image.open(io.BytesIO(data)) as image:
-        # JPEG can decode at 1/2, 1/4 or 1/8 scale: a big photo then costs a fraction to decode.
-        image.draft(None, (image_size, image_size))
-        rgb = to_rgb(ImageOps.exif_transpose(image))
-    if rgb.size != (image_size, image_size):
-        rgb = rgb.resize((image_size, image_size), Image.Resampling.BILINEAR)
-    return np.asarray(rgb).transpose(2, 0, 1)
+    return pixels.decode(data, image_size, image_size, name=name)
 
 
 def _decode_one(key: str, read: Callable[[str], bytes], describe: Callable[[str], str], image_size: int) -> np.ndarray:
@@ -61,8 +57,8 @@ def _decode_one(key: str, read: Callable[[str], bytes], describe: Callable[[str]
     except (OSError, zipfile.BadZipFile) as err:
         raise DataError(f"Cannot read {describe(key)} ({err}); check that the file is readable.") from err
     try:
-        return decode_image(data, image_size)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as err:
+        return decode_image(data, image_size, describe(key))
+    except (OSError, SyntaxError, ValueError) as err:
         raise DataError(f"Cannot decode image {describe(key)} ({err}); remove or replace the file.") from err
 
 
@@ -79,7 +75,8 @@ def _decode_chunk(
 
 
 def decode_many(
-    keys: Sequence[str], read: Callable[[str], bytes], describe: Callable[[str], str], image_size: int
+    keys: Sequence[str], read: Callable[[str], bytes], describe: Callable[[str], str], image_size: int,
+    doing: str = "Decoding images",
 ) -> np.ndarray:
     """Decode many images on a thread pool.
 
@@ -88,6 +85,7 @@ def decode_many(
         read: returns the encoded bytes of one key; called from worker threads.
         describe: names a key for error messages (e.g. its full path).
         image_size: the side of the square output.
+        doing: what the progress lines call this work.
 
     Returns:
         uint8 array [len(keys), 3, image_size, image_size], in the order of ``keys``.
@@ -99,12 +97,15 @@ def decode_many(
     chunks = [range(i, min(i + _DECODE_CHUNK, len(keys))) for i in range(0, len(keys), _DECODE_CHUNK)]
     with ThreadPoolExecutor(max_workers=_worker_count()) as pool:
         futures = [pool.submit(_decode_chunk, keys, chunk, read, describe, out) for chunk in chunks]
+        decoded = progress.Counter(doing, "images", len(keys))
         try:
-            for future in futures:
+            for future, chunk in zip(futures, chunks, strict=True):
                 future.result()
+                decoded.add(len(chunk))
         finally:
             for future in futures:  # after a failure, drop the work not yet started
                 future.cancel()
+    decoded.done()
     return out
 
 

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from sbcli.data import progress
 from sbcli.data.imageset import ImageSet
 from sbcli.data.sources.cache import DecodeCache, fingerprint, stat_line
-from sbcli.data.sources.decode import decode_many, is_image_name, to_imageset, walk_files
+from sbcli.data.sources.decode import decode_many, is_image_name, to_imageset
+from sbcli.data.walk import walk_stats
 from sbcli.errors import ConfigError, DataError
 
 
@@ -67,7 +70,7 @@ def load_folder(root: Path, image_size: int, *, cache: DecodeCache | None) -> Fo
         data, extra = hit
         return FolderReport(data, int(extra.get("skipped", 0)), tuple(extra.get("skipped_examples", ())))
     keys = [str(path) for path in listing.files]
-    images = decode_many(keys, _read_path, str, image_size)
+    images = decode_many(keys, _read_path, str, image_size, doing=f"Decoding images in {root}")
     report = FolderReport(
         to_imageset(images, listing.labels, listing.class_names), len(listing.skipped), tuple(listing.skipped[:5])
     )
@@ -97,21 +100,26 @@ def _scan_folder(root: Path) -> _FolderListing:
     stat_lines = [stat_line(name, root / name) for name in skipped]
     files: list[Path] = []
     labels: list[int] = []
+    listed = progress.Counter(f"Listing images in {root}", "files")
     for label, class_dir in enumerate(class_dirs):
-        images = _scan_class(root, class_dir, skipped, stat_lines)
+        images = _scan_class(class_dir, skipped, stat_lines, listed)
         if not images:
             raise DataError(f"No images found in {class_dir}; put at least one image file in each class folder.")
         files += images
         labels += [label] * len(images)
+    listed.done()
     return _FolderListing([p.name for p in class_dirs], files, labels, skipped, fingerprint(stat_lines))
 
 
-def _scan_class(root: Path, class_dir: Path, skipped: list[str], stat_lines: list[str]) -> list[Path]:
+def _scan_class(class_dir: Path, skipped: list[str], stat_lines: list[str],
+                listed: progress.Counter) -> list[Path]:
     """The image files below one class folder, sorted; other files are appended to ``skipped``."""
     images: list[Path] = []
-    for path in walk_files(class_dir):
-        name = path.relative_to(root).as_posix()
-        stat_lines.append(stat_line(name, path))
+    prefix = len(str(class_dir)) + 1  # walk_stats joins onto class_dir: its paths start with it
+    for path, st in walk_stats(class_dir):
+        name = class_dir.name + "/" + str(path)[prefix:].replace(os.sep, "/")  # relative to root, no re-parsing
+        stat_lines.append(stat_line(name, path, st))
+        listed.add()
         if is_image_name(path.name):
             images.append(path)
         else:

@@ -27,6 +27,8 @@ from typing import Any
 
 from sbcli.errors import LearnerError
 from sbcli.learner.store import legacy
+from sbcli.learner.store.confine import check_confined
+from sbcli.learner.store.integrity import HASHES_KEY, digest_bytes, records_for
 from sbcli.learner.store.layout import (
     FORMAT_VERSION,
     STATE_FILE,
@@ -94,15 +96,19 @@ def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], ke
     step = len(state["history"])
     try:
         root.mkdir(parents=True, exist_ok=True)
+        check_confined(root)  # also where no learner.json is yet: leftovers are deleted below
         old = read_stored(root) if (root / STATE_FILE).is_file() else None
         remove_leftovers(root, old)
         legacy.remove_siblings(root)
         kept = {} if old is None else {n: f for n, f in _kept_after_migration(root, old).items() if n < step}
-        kept[step] = write_step(root, step, {**payload, "state": state_bytes(state)})
+        step_payload = {**payload, "state": state_bytes(state)}
+        kept[step] = write_step(root, step, step_payload)
+        known = {rel: digest_bytes(step_payload[key]) for key, rel in kept[step].items()}
         keep = keep if keep is not None else (old.keep if old is not None else None)
         if keep is not None:
             kept = {n: f for n, f in kept.items() if n > step - keep}
-        switch(root, {**state, "files": kept[step], "kept_steps": _kept_json(kept), "keep": keep})
+        hashes = records_for(root, _referenced(kept), {**(old.hashes if old else {}), **known})
+        switch(root, {**state, "files": kept[step], "kept_steps": _kept_json(kept), "keep": keep, HASHES_KEY: hashes})
     except OSError as err:
         raise LearnerError(f"Could not save the learner at {root} ({err.strerror or err}: {err.filename or root}); "
                            "the learner there is unchanged; free space or fix the permissions and run again.") from err
@@ -112,14 +118,15 @@ def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], ke
 def write_flat(folder: Path, payload: dict[str, bytes], state: dict[str, Any]) -> None:
     """A one-step learner with its files at the root of a new folder (what a push uploads)."""
     folder.mkdir(parents=True)
-    files = {}
+    files, hashes = {}, {}
     for key, name, _required in STEP_FILES:
         if key in payload:
             write_durable(folder / name, payload[key], key)
-            files[key] = name
+            files[key], hashes[name] = name, digest_bytes(payload[key])
     step = len(state["history"])
     write_durable(folder / STATE_FILE, state_bytes({**state, "format_version": FORMAT_VERSION, "files": files,
-                                                    "kept_steps": {str(step): files}, "keep": None}), STATE_FILE)
+                                                    "kept_steps": {str(step): files}, "keep": None,
+                                                    HASHES_KEY: hashes}), STATE_FILE)
 
 
 def commit_pointer(root: Path, stored: Stored, step: int) -> None:
@@ -128,10 +135,15 @@ def commit_pointer(root: Path, stored: Stored, step: int) -> None:
     state, _ = stored.step_state(step)
     try:
         remove_leftovers(root, stored)
+        hashes = records_for(root, stored.referenced(), stored.hashes)
         switch(root, {**state, "format_version": FORMAT_VERSION, "files": files,
-                      "kept_steps": _kept_json(stored.kept), "keep": stored.keep})
+                      "kept_steps": _kept_json(stored.kept), "keep": stored.keep, HASHES_KEY: hashes})
     except OSError as err:
         raise LearnerError(f"Could not write {root / STATE_FILE} ({err.strerror or err}); the learner is unchanged.") from err
+
+
+def _referenced(kept: dict[int, dict[str, str]]) -> set[str]:
+    return {rel for files in kept.values() for rel in files.values()}
 
 
 def _kept_json(kept: dict[int, dict[str, str]]) -> dict[str, dict[str, str]]:
@@ -223,6 +235,7 @@ def remove_unreferenced(root: Path) -> None:
 
 def _remove_steps(root: Path, referenced: set[str], point: str) -> None:
     steps = root / STEPS_DIR
+    check_confined(root)  # never delete through a link (a steps/ link could lead to the user's own folders)
     if not steps.is_dir():
         return
     used = {rel.split("/")[1] for rel in referenced if rel.startswith(STEPS_DIR + "/")}

@@ -1,8 +1,8 @@
-"""The learner directory's layout (format 2) and how to read what is committed in it.
+"""The learner directory's layout (format 3: format 2 plus the file hashes) and how to read what is committed in it.
 
 ```
 LEARNER/
-  learner.json                  the commit point: the current state, and the files of every kept step
+  learner.json                  the commit point: the current state, the files of every kept step, their hashes
   steps/0003/model.safetensors  per-step files, immutable once written
   steps/0003/memory.safetensors
   steps/0003/state.json         the state (learner.json without the storage keys) at that step
@@ -14,21 +14,26 @@ A learner published to the Hub has one step with its files at the root (``model.
 ``memory.safetensors``; its state is ``learner.json`` itself), which ``files`` names the same way.
 
 Format 1 (files at the root, no ``files`` key) is still read: it has one step, the current one.
-A reader reads ``learner.json`` once, then only the files it names.
+A reader reads ``learner.json`` once, then only the files it names, each checked against the SHA-256
+and size ``learner.json`` records of it (format 3, :mod:`sbcli.learner.store.integrity`); a learner holding a
+symbolic link is refused before anything is read (:mod:`sbcli.learner.store.confine`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sbcli.errors import LearnerError
+from sbcli.learner.store.confine import check_confined
+from sbcli.learner.store.integrity import HASHES_KEY, Record, parse_hashes, read_verified
 from sbcli.learner.validate import RESTORE, check_format_version
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: format 2 plus "hashes" (every named file's SHA-256 and size)
+HASHED_SINCE = 3
 STATE_FILE = "learner.json"
 STEPS_DIR = "steps"
 LOCK_FILE = ".sbcli.lock"
@@ -45,7 +50,7 @@ STEP_FILES: tuple[tuple[str, str, bool], ...] = (
 )
 # Format 1: the files of its only step, at the root (its state is learner.json itself).
 V1_FILES = {"model": "model.safetensors", "memory": "memory.safetensors"}
-STORAGE_KEYS = ("files", "kept_steps", "keep")
+STORAGE_KEYS = ("files", "kept_steps", "keep", HASHES_KEY)
 STEP_DIR = re.compile(r"\d{4,}(-\d+)?")
 
 
@@ -60,6 +65,7 @@ class Stored:
         kept: for every kept step, its files (key -> path relative to ``root``).
         keep: how many steps a save keeps (None: all).
         raw: the bytes of learner.json as read (a reader retries when they changed under it).
+        hashes: path -> SHA-256 and size of every file a kept step names (empty before format 3).
     """
 
     root: Path
@@ -68,6 +74,7 @@ class Stored:
     kept: dict[int, dict[str, str]]
     keep: int | None
     raw: bytes
+    hashes: dict[str, Record] = field(default_factory=dict)
 
     @property
     def current(self) -> int:
@@ -94,7 +101,11 @@ class Stored:
         if rel is None:
             raise LearnerError(f"Step {step} of the learner at {self.root} has no recorded state; it cannot be gone back to.")
         where = self.root / rel
-        return read_json_bytes(where.read_bytes(), where), where
+        return read_json_bytes(bytes(self.read(rel)), where), where
+
+    def read(self, rel: str) -> bytearray:
+        """The bytes of the named file ``rel``, checked against its recorded SHA-256 and size (when recorded)."""
+        return read_verified(self.root / rel, self.hashes.get(rel))
 
     def referenced(self) -> set[str]:
         """Every path (relative to the root) that a kept step names."""
@@ -117,6 +128,7 @@ def read_stored(root: Path) -> Stored:
     path = root / STATE_FILE
     if not root.is_dir() or not path.is_file():
         raise LearnerError(f"No learner at {root}; give the directory that `sb train --out` wrote.")
+    check_confined(root)
     raw = path.read_bytes()
     data = read_json_bytes(raw, path)
     version = check_format_version(data, path)
@@ -129,7 +141,10 @@ def read_stored(root: Path) -> Stored:
         raise LearnerError(f"{path} has no history list; restore it from a copy.")
     if version == 1:
         return Stored(root, 1, state, {len(history): dict(V1_FILES)}, None, raw)
-    return Stored(root, version, state, _kept(data, len(history), path), _keep(data.get("keep"), path), raw)
+    kept = _kept(data, len(history), path)
+    referenced = {rel for files in kept.values() for rel in files.values()}
+    hashes = parse_hashes(data.get(HASHES_KEY), referenced, path, required=version >= HASHED_SINCE)
+    return Stored(root, version, state, kept, _keep(data.get("keep"), path), raw, hashes)
 
 
 def _kept(data: dict[str, Any], current: int, where: Path) -> dict[int, dict[str, str]]:

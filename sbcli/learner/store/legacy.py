@@ -27,7 +27,7 @@ def leftovers(target: Path) -> list[Path]:
     found = []
     for kind in ("tmp", "old"):
         found += sorted(parent.glob(f".{target.name}.{kind}-*"), key=lambda p: p.stat().st_mtime, reverse=True)
-    return [p for p in found if p.is_dir()]
+    return [p for p in found if p.is_dir() and not p.is_symlink()]  # a link is never moved into place nor deleted through
 
 
 def _complete(folder: Path) -> bool:

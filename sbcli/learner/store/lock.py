@@ -25,6 +25,7 @@ from filelock import FileLock, Timeout
 from sbcli.atomic import write_atomic
 from sbcli.errors import LearnerError
 from sbcli.learner.store import legacy
+from sbcli.learner.store.confine import check_confined
 from sbcli.learner.store.layout import LOCK_FILE, LOCK_INFO, holds_learner, is_store_leftover
 
 
@@ -65,6 +66,7 @@ def writer_lock(folder: Path, command: str, *, create: bool = False, enabled: bo
         folder.mkdir(parents=True)
     if not folder.is_dir():
         raise LearnerError(f"No learner at {folder}; give the directory that `sb train --out` wrote.")
+    check_confined(folder)  # before the lock file is opened: a link there would be followed
     lock = FileLock(str(folder / LOCK_FILE), timeout=0)
     try:
         lock.acquire()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sbcli.errors import ConfigError, LearnerError
+from sbcli.learner.store.confine import check_confined
 from sbcli.learner.store.layout import holds_learner, only_leftovers
 
 
@@ -45,6 +46,8 @@ def check_output_dir(out: Path, *, option: str = "-o", resume: bool = False) -> 
     learner = enclosing_learner(out.parent)
     if learner is not None:
         raise LearnerError(f"{option} {out} is inside the learner at {learner}; choose a directory outside it.")
+    if out.is_dir():
+        check_confined(out)
     if resume:
         return
     if holds_learner(out):

@@ -37,6 +37,7 @@ from sbcli.learner.validate.tensors import (  # noqa: F401  (the tensor checks l
     _found,
     check_memory_tensors,
     check_model_tensors,
+    parse_safetensors,
     read_safetensors,
 )
 

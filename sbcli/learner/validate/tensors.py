@@ -2,7 +2,7 @@
 
 Split from :mod:`sbcli.learner.validate` (which re-exports every name here), so that each file has one job:
 
-* :func:`read_safetensors`: a safetensors file read without trusting it: the header length is
+* :func:`read_safetensors` (:func:`parse_safetensors` for bytes already read): a safetensors file read without trusting it: the header length is
   bounded, every offset lies inside the file and the tensors tile the data exactly, dtypes come
   from a whitelist. Nothing is allocated beyond the file's own size.
 * :func:`check_model_tensors`: the weights the learner's network has (names, shapes, float32 with
@@ -65,14 +65,25 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         with path.open("rb") as f:
             size = os.fstat(f.fileno()).st_size
-            header, start = _read_header(f, size, path)
-            data = f.read(size - start)
+            raw = f.read(size)
     except FileNotFoundError:
         raise  # a reader that lost a race with a writer's commit reads learner.json again (sbcli.learner.state)
     except OSError as err:
         raise LearnerError(f"Could not read {path} ({err.strerror or err}); check its permissions.") from err
-    if len(data) != size - start:
+    if len(raw) != size:
         raise _damaged(path, "it changed while it was being read")
+    return parse_safetensors(raw, path)
+
+
+def parse_safetensors(raw: bytes | bytearray, path: Path | str) -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file's bytes (already read, e.g. checked against its hash), not trusted.
+
+    Raises:
+        LearnerError: the header, offsets or dtypes are malformed (naming ``path``).
+    """
+    view = memoryview(raw)
+    header, start = _parse_header(view, len(raw), path)
+    data = view[start:]
     entries = _entries(header, len(data), path)
     tensors: dict[str, torch.Tensor] = {}
     for name, (dtype, shape, begin, end) in entries.items():
@@ -83,16 +94,14 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def _read_header(f: Any, size: int, path: Path) -> tuple[dict, int]:
-    head = f.read(8)
-    if len(head) < 8:
+def _parse_header(raw: memoryview, size: int, path: Path | str) -> tuple[dict, int]:
+    if size < 8:
         raise _damaged(path, f"it is {size} bytes long, too short for a safetensors file")
-    (length,) = struct.unpack("<Q", head)
+    (length,) = struct.unpack("<Q", raw[:8])
     if length > MAX_HEADER_BYTES or 8 + length > size:
         raise _damaged(path, f"its header claims {length} bytes but the file has {size} (truncated or not safetensors)")
-    raw = f.read(length)
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = json.loads(bytes(raw[8 : 8 + length]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
         raise _damaged(path, "its header is not valid JSON (truncated or not safetensors)") from err
     if not isinstance(header, dict):

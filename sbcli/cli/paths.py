@@ -1,0 +1,55 @@
+"""The paths a command names, checked before anything heavy is imported (torch takes seconds).
+
+A mistyped path answers in a fraction of a second with the same sentence the full check would say
+later; what needs reading (a learner's JSON, the images) is still checked where it is read.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sbcli.errors import ConfigError, DataError, LearnerError
+
+STATE_FILE = "learner.json"  # sbcli.learner.store.layout.STATE_FILE (that module imports torch)
+BENCHMARKS = ("demo", "cifar10", "cifar100", "tiny-imagenet")  # sbcli.data.catalog.BENCHMARKS
+
+
+def _interrupted_save_beside(path: Path) -> bool:
+    """An interrupted save of sbcli 0.1 left ``.NAME.tmp-*`` or ``.NAME.old-*`` beside ``path`` (recovered on open)."""
+    parent = path.parent
+    return parent.is_dir() and (any(parent.glob(f".{path.name}.tmp-*")) or any(parent.glob(f".{path.name}.old-*")))
+
+
+def learner(path: Path) -> None:
+    """``path`` holds a learner (or one an interrupted save left beside it, which opening recovers)."""
+    if (path / STATE_FILE).is_file() or _interrupted_save_beside(path):
+        return
+    raise LearnerError(f"No learner at {path}; give the directory that `sb train --out` wrote.")
+
+
+def folder(path: Path, what: str = "folder") -> None:
+    """``path`` is a directory (class-per-folder images, say)."""
+    if not path.is_dir():
+        raise DataError(f"The {what} {path} does not exist; give a class-per-folder directory."
+                        if not path.exists() else f"The {what} {path} is not a directory; give a class-per-folder directory.")
+
+
+def source(name: str | None) -> None:
+    """`sb train`'s source: a benchmark name or an existing path."""
+    if name is None or name in BENCHMARKS or Path(name).expanduser().exists():
+        return
+    raise DataError(f"{name} is neither a benchmark ({', '.join(BENCHMARKS)}) nor an existing folder; check the path.")
+
+
+def model(path: Path) -> None:
+    """A learner directory or an ``.onnx`` file (`sb predict`, `sb serve`)."""
+    if (path.is_dir() and (path / STATE_FILE).is_file()) or (path.is_file() and path.suffix.lower() == ".onnx"):
+        return
+    raise ConfigError(f"{path} is neither a learner directory (with learner.json) nor an .onnx file; give one of those.")
+
+
+def images(paths: list[Path]) -> None:
+    """Every image path given exists (a file or a folder)."""
+    for path in paths:
+        if not path.exists():
+            raise DataError(f"{path} does not exist; give image files or folders of images.")

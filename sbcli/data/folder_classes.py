@@ -1,0 +1,42 @@
+"""The classes of a class-per-folder tree from its folder names alone, before any image is decoded.
+
+They let a command refuse, before any work, data that cannot make a sensible task: a test folder
+whose classes are not the training folder's, or a sequence of a single class.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sbcli.errors import ConfigError, DataError
+
+SHOWN = 4  # class names listed in a message
+
+
+def class_names(root: Path) -> list[str]:
+    """The sorted names of ``root``'s class folders (hidden ones ignored), as the folder loader reads them."""
+    return sorted(p.name for p in Path(root).expanduser().iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:SHOWN]) + (f" and {len(names) - SHOWN} more" if len(names) > SHOWN else "")
+
+
+def check_same_classes(train: Path, test: Path) -> None:
+    """Refuse a test folder whose class folders are not the training folder's."""
+    train_names, test_names = class_names(train), class_names(test)
+    if train_names == test_names:
+        return
+    missing = [n for n in train_names if n not in test_names]
+    extra = [n for n in test_names if n not in train_names]
+    parts = ([f"it lacks {_some(missing)}"] if missing else []) + ([f"it has {_some(extra)}, which {train} has not"] if extra else [])
+    raise DataError(f"The test folder {test} does not hold the classes of {train} ({'; '.join(parts)}); "
+                    "give a --test folder with the same class folders.")
+
+
+def check_first_task(sizes: list[int]) -> None:
+    """Refuse a sequence that is one task of a single class: nothing to tell apart, so nothing is learned
+    (the loss is 0 from the first batch). A single-class first task followed by others still grows a classifier."""
+    if len(sizes) == 1 and sizes[0] < 2:
+        raise ConfigError("The learner would learn a single class; a classifier needs at least two to tell apart: "
+                          "add a class folder (or learn this class later with `sb add-task`).")
