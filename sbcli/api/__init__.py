@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from sbcli import __version__, banner
+from sbcli import __version__
+from sbcli.run import banner
 from sbcli.engine import distributed
 from sbcli.run import evalsets, growing
 from sbcli.learner import preflight

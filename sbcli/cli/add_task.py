@@ -90,7 +90,7 @@ def add_task(
             reporter.note(note)
     if not main:
         return
-    after = step.state
+    after = step.state if step.state is not None else api.learner_state(learner)  # the API's answer, as saved
     history = after.history
     result = history_summary(history)
 

@@ -140,7 +140,7 @@ class Reporter(Callbacks):
         """A line for the person watching (what runs, where it writes)."""
 
     def on_start(self, start: Any) -> None:
-        """What the run is about to do (:class:`sbcli.banner.RunBanner`): one line, before the first epoch."""
+        """What the run is about to do (:class:`sbcli.run.banner.RunBanner`): one line, before the first epoch."""
         self.note(start.text())
 
     def set_title(self, text: str) -> None:
