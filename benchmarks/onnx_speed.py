@@ -30,8 +30,8 @@ import torch
 from sbcli.engine.loop import TrainConfig
 from sbcli.export.onnx import OnnxConfig, export_onnx, ort_session, serving_model
 from sbcli.learner.state import Learner, LearnerState
-from sbcli.methods.memory import ExemplarMemory
 from sbcli.methods import build_config
+from sbcli.methods.memory import ExemplarMemory
 from sbcli.nets import create_model
 
 

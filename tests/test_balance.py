@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from sbcli import api
-from sbcli.methods.balance import balanced_finetune
 from sbcli.data.device import DeviceData, Normalization
 from sbcli.engine.loop import Engine, Phase, TrainConfig, phase_lr
 from sbcli.errors import ConfigError
+from sbcli.methods.balance import balanced_finetune
 from sbcli.methods.losses import ce_loss
 from sbcli.nets import create_model
 

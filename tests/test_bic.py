@@ -8,10 +8,10 @@ from sbcli import api
 from sbcli.data.device import DeviceData
 from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError
-from sbcli.methods.inference import scoring_module
 from sbcli.learner.state import Learner
 from sbcli.methods import bic
 from sbcli.methods.base import TaskContext
+from sbcli.methods.inference import scoring_module
 from sbcli.nets import create_model
 
 

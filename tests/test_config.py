@@ -17,8 +17,8 @@ from sbcli.cli.app import app
 from sbcli.config.options import PHASE_EPOCHS, build_options, engine_keys, method_keys, recipe_keys
 from sbcli.data.device import DeviceData
 from sbcli.engine.loop import TrainConfig, make_optimizer, make_schedule
-from sbcli.errors import ConfigError
 from sbcli.engine.schedule import steps_per_epoch
+from sbcli.errors import ConfigError
 
 ZOO_RECIPES = Path(__file__).resolve().parents[1] / "zoo" / "recipes"
 

@@ -11,8 +11,8 @@ from sbcli import api
 from sbcli.data.device import DeviceData
 from sbcli.engine.loop import StepOutputs, TrainConfig
 from sbcli.errors import ConfigError
-from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods import build_config, dd
+from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.nets import create_model
 
 

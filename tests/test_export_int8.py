@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from test_json_schemas import check
 from learners import make_learner
+from test_json_schemas import check
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app

@@ -30,8 +30,8 @@ from sbcli.cli.app import app
 from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError, ExportError, LearnerError
 from sbcli.hub.client import safe_relpath
-from sbcli.learner.state import Learner
 from sbcli.hub.zoo import sha256_file
+from sbcli.learner.state import Learner
 
 REPO = "tester/colours"
 LEARNER_FILES = ["README.md", "learner.json", "memory.safetensors", "model.onnx", "model.safetensors",

@@ -8,13 +8,13 @@ import torch
 from sbcli import api
 from sbcli.engine.loop import Engine, StepOutputs, TrainConfig
 from sbcli.errors import ConfigError, ExportError
-from sbcli.methods.inference import NME_MEANS, NearestMeanScores, scoring_module
 from sbcli.learner.state import Learner
-from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods import nme
+from sbcli.methods.inference import NME_MEANS, NearestMeanScores, scoring_module
+from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods.std import icarl_loss
-from sbcli.run.evalsets import load_test_sets
 from sbcli.nets import create_model
+from sbcli.run.evalsets import load_test_sets
 
 
 class Features(torch.nn.Module):

@@ -16,14 +16,13 @@ from learners import NORM, SIZE, make_learner
 from typer.testing import CliRunner
 
 from sbcli import api
-from sbcli.methods import inference
 from sbcli.cli.app import app
 from sbcli.data.sources import load_folder
 from sbcli.engine.loop import Engine, TrainConfig
 from sbcli.errors import ConfigError, ExportError
 from sbcli.export import onnx as onnx_export
 from sbcli.learner.state import Learner
-from sbcli.methods import build_config, list_methods
+from sbcli.methods import build_config, inference, list_methods
 
 
 def run_onnx(path: Path, images: np.ndarray) -> np.ndarray:

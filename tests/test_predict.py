@@ -22,8 +22,8 @@ from sbcli.cli.app import app
 from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError, DataError, ExportError
 from sbcli.learner.state import Learner, LearnerState
-from sbcli.methods.memory import ExemplarMemory
 from sbcli.methods import build_config
+from sbcli.methods.memory import ExemplarMemory
 from sbcli.nets import create_model
 
 SIZE = 16

@@ -10,9 +10,9 @@ import torch
 from typer.testing import CliRunner
 
 from sbcli import api
-from sbcli.engine import selection
 from sbcli.cli.app import app
 from sbcli.data.device import DeviceData, Normalization
+from sbcli.engine import selection
 from sbcli.engine.loop import Engine, Phase, TrainConfig
 from sbcli.errors import ConfigError
 from sbcli.methods.losses import ce_loss

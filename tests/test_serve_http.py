@@ -23,8 +23,8 @@ import numpy as np
 import onnx
 import pytest
 import uvicorn
-from PIL import Image
 from learners import make_learner
+from PIL import Image
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app

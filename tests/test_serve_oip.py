@@ -18,9 +18,9 @@ import pytest
 from learners import make_learner
 from test_serve_http import TIMEOUT, png, running
 
+from sbcli.export.serving import EXPORTER, learner_onnx, open_learner
 from sbcli.serve.app import ServeConfig
 from sbcli.serve.predict import predict
-from sbcli.export.serving import EXPORTER, learner_onnx, open_learner
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402

@@ -19,18 +19,18 @@ from sbcli.cli import train as train_cmd
 from sbcli.cli.app import app
 from sbcli.config import options
 from sbcli.config.options import defaults_for
+from sbcli.config.recipes import list_recipes, load_recipe
 from sbcli.data.device import DeviceData, Normalization
 from sbcli.engine.loop import Engine, Phase, StepOutputs, TrainConfig
 from sbcli.errors import ConfigError
-from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods import TaskContext, build_config
 from sbcli.methods.common import frozen_copy
+from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods.split_bridge import Config, bridge_loss, learn_task, separated_loss
 from sbcli.metrics import step_metrics
 from sbcli.nets import create_model
 from sbcli.nets.partition import cross_mask, cross_norm, disconnect, enforce_masks, make_partition, sparsity_paper
 from sbcli.nets.resnet import IncrementalResNet
-from sbcli.config.recipes import list_recipes, load_recipe
 
 NUM_OLD, NUM_NEW = 3, 2
 ZOO_RECIPES = Path(__file__).resolve().parents[1] / "zoo" / "recipes"

@@ -15,11 +15,11 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from sbcli.run import plots
 from sbcli.cli import progress
 from sbcli.cli.app import app
 from sbcli.learner.state import read_state
 from sbcli.metrics import StepMetrics
+from sbcli.run import plots
 from sbcli.run.rundirs import next_run_dir, output_dir, run_name
 from sbcli.run.steps import StepSummary
 

@@ -14,11 +14,11 @@ from sbcli import api
 from sbcli.config import options
 from sbcli.data.device import DeviceData, Normalization
 from sbcli.engine.loop import Engine, Phase, TrainConfig
+from sbcli.engine.schedule import make_schedule, steps_per_epoch
 from sbcli.errors import ConfigError
 from sbcli.methods.losses import ce_loss
 from sbcli.nets import create_model
 from sbcli.nets.resnet import BasicBlock
-from sbcli.engine.schedule import make_schedule, steps_per_epoch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -14,10 +14,6 @@ from typing import Any
 import torch
 
 from sbcli import __version__
-from sbcli.run import banner
-from sbcli.engine import distributed
-from sbcli.run import evalsets, growing
-from sbcli.learner import preflight
 from sbcli.api.out import export_int8, export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
 from sbcli.config.options import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.data import folder_classes
@@ -35,23 +31,26 @@ from sbcli.data.imageset import ImageSet
 from sbcli.data.records import check_dataset_name, remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.data.shaping import only_classes, resize_opened, with_image_size
+from sbcli.engine import distributed
 from sbcli.engine.device import resolve_device
 from sbcli.engine.loop import Engine
 from sbcli.engine.progress import ProgressLike, progress_of
 from sbcli.errors import ConfigError, DataError, LearnerError
-from sbcli.run.growing import AddTaskOptions
+from sbcli.learner import preflight
 from sbcli.learner.state import Learner, LearnerState, read_state
-from sbcli.methods.memory import ExemplarMemory
-from sbcli.methods import build_config
-from sbcli.metrics import history_summary
-from sbcli.nets import create_model, list_models
-from sbcli.run.plan import sequence_epochs
-from sbcli.run.results import write_results
-from sbcli.run.steps import StepSummary, evaluate_learner, learn_step
 from sbcli.learner.store import legacy
 from sbcli.learner.store.lock import writer_lock
 from sbcli.learner.store.outputs import check_output_dir
 from sbcli.learner.validate import MAX_WIDTH
+from sbcli.methods import build_config
+from sbcli.methods.memory import ExemplarMemory
+from sbcli.metrics import history_summary
+from sbcli.nets import create_model, list_models
+from sbcli.run import banner, evalsets, growing
+from sbcli.run.growing import AddTaskOptions
+from sbcli.run.plan import sequence_epochs
+from sbcli.run.results import write_results
+from sbcli.run.steps import StepSummary, evaluate_learner, learn_step
 
 ProgressFn = ProgressLike  # sbcli.engine.progress.Progress callbacks, or a function of each epoch's event
 StepFn = Callable[[StepSummary], None]

@@ -14,10 +14,10 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
     import dataclasses
 
     from sbcli import api
-    from sbcli.engine import distributed
-    from sbcli.run import loggers
     from sbcli.cli import progress
+    from sbcli.engine import distributed
     from sbcli.metrics import history_summary
+    from sbcli.run import loggers
 
     main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
     loggers.check_kinds(log or [])

@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from sbcli.engine import distributed, schedule
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.defaults import base
+from sbcli.engine import distributed, schedule
 from sbcli.engine.device import (
     PRECISIONS,
     compute_threads,
@@ -38,10 +38,10 @@ from sbcli.engine.device import (
     exact_float32,
     uses_bf16,
 )
-from sbcli.errors import ConfigError, TrainingError
 from sbcli.engine.progress import ProgressEvent, ProgressLike, progress_of
 from sbcli.engine.schedule import PhaseSchedule
 from sbcli.engine.selection import PhaseSelection, Validator
+from sbcli.errors import ConfigError, TrainingError
 
 
 @dataclass(frozen=True)

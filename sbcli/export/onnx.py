@@ -36,8 +36,8 @@ from sbcli import __version__
 from sbcli.atomic import replacing
 from sbcli.data.device import Normalization
 from sbcli.errors import ExportError
-from sbcli.methods.inference import scoring_module
 from sbcli.learner.state import Learner
+from sbcli.methods.inference import scoring_module
 from sbcli.serve import preprocess
 from sbcli.serve.providers import require_onnxruntime
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from sbcli.errors import ConfigError, ExportError
 from sbcli.atomic import current_umask
+from sbcli.errors import ConfigError, ExportError
 from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, export_onnx, ort_session
 from sbcli.learner.state import Learner
 

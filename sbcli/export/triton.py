@@ -31,9 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sbcli.atomic import current_umask
 from sbcli.data.names import name_bytes
 from sbcli.errors import ConfigError, ExportError
-from sbcli.atomic import current_umask
 from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, export_onnx
 from sbcli.learner.state import Learner
 

@@ -21,8 +21,8 @@ from typing import Any
 
 from sbcli.errors import ConfigError, ExportError, LearnerError
 from sbcli.hub.client import HubConfig, check_repo_id, copy_files, evict_cached, fetch, safe_relpath
-from sbcli.learner.store.outputs import check_output_dir
 from sbcli.hub.zoo import ZooEntry, ZooIndex, hash_error, load_index, mismatched_files
+from sbcli.learner.store.outputs import check_output_dir
 
 
 @dataclass(frozen=True)

@@ -52,8 +52,8 @@ def stage(learner_dir: Path, work: Path, upload: Upload, onnx_cfg: Any) -> tuple
 
     Returns the folder, its file names and the ONNX report.
     """
-    from sbcli.hub.card import CardFacts, model_card
     from sbcli.export.onnx import export_onnx, inference_rule
+    from sbcli.hub.card import CardFacts, model_card
     from sbcli.learner.state import Learner
     from sbcli.methods.memory import ExemplarMemory
 

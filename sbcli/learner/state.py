@@ -25,19 +25,19 @@ from typing import Any
 import torch
 from safetensors.torch import save as safetensors_bytes
 
-from sbcli.learner import validate
-from sbcli.learner import test_sample as carried_sample
-from sbcli.learner.test_sample import CarriedSample
 from sbcli.data.device import Normalization
 from sbcli.engine.loop import TrainConfig
 from sbcli.errors import LearnerError
 from sbcli.jsonutil import config_from_json
-from sbcli.methods.memory import ExemplarMemory
-from sbcli.nets import create_model
-from sbcli.nets.resnet import IncrementalResNet
+from sbcli.learner import test_sample as carried_sample
+from sbcli.learner import validate
 from sbcli.learner.store import legacy
 from sbcli.learner.store.commit import commit_step, write_flat
 from sbcli.learner.store.layout import FORMAT_VERSION, Stored, read_stored
+from sbcli.learner.test_sample import CarriedSample
+from sbcli.methods.memory import ExemplarMemory
+from sbcli.nets import create_model
+from sbcli.nets.resnet import IncrementalResNet
 
 EXTRA_PREFIX = "extra."
 

@@ -23,8 +23,8 @@ from torch import nn
 
 from sbcli.engine.loop import Engine
 from sbcli.errors import ExportError
-from sbcli.methods.memory import FeatureFn
 from sbcli.methods import bic, nme
+from sbcli.methods.memory import FeatureFn
 from sbcli.nets.resnet import IncrementalResNet
 from sbcli.registry import Registry
 

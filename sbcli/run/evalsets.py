@@ -17,13 +17,13 @@ from pathlib import Path
 
 import torch
 
-from sbcli.learner.test_sample import CarriedSample
 from sbcli.data.catalog import open_spec, relabel
 from sbcli.data.fingerprint import fingerprint
 from sbcli.data.imageset import ImageSet
 from sbcli.data.records import is_legacy, test_fingerprint, test_name
 from sbcli.data.whereabouts import recall
 from sbcli.errors import DataError
+from sbcli.learner.test_sample import CarriedSample
 
 DEFAULT_DATASETS = Path.home() / ".cache" / "sbcli" / "datasets"
 

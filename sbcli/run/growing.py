@@ -15,8 +15,8 @@ from pathlib import Path
 
 from sbcli.errors import ConfigError, LearnerError
 from sbcli.learner.state import Learner
-from sbcli.methods.memory import class_quotas
 from sbcli.methods.base import balance_epochs
+from sbcli.methods.memory import class_quotas
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.atomic import replacing
-from sbcli.run import plots
 from sbcli.jsonutil import round_to
 from sbcli.metrics import accuracy_matrix, forgetting
+from sbcli.run import plots
 
 CSV_NAME, PNG_NAME = "history.csv", "accuracy.png"
 COLUMNS = ("step", "classes", "accuracy", "old", "new", "intra_old", "intra_new", "forgetting", "seconds", "images_per_s")

@@ -10,16 +10,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from sbcli.engine import selection
-from sbcli.methods.balance import balanced_finetune
 from sbcli.data.device import DeviceData
 from sbcli.data.imageset import ImageSet
+from sbcli.engine import selection
 from sbcli.engine.loop import Engine
-from sbcli.methods.inference import outside_network, refresh_state, scores
 from sbcli.learner.state import Learner, LearnerState
 from sbcli.methods import METHODS, TaskContext, TaskResult
+from sbcli.methods.balance import balanced_finetune
 from sbcli.methods.base import balance_epochs
 from sbcli.methods.common import frozen_copy
+from sbcli.methods.inference import outside_network, refresh_state, scores
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
 

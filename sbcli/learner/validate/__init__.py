@@ -246,8 +246,8 @@ def _method_config(method: str) -> Check:
 
 
 def _state_fields() -> dict[str, Check]:
-    from sbcli.methods.memory import SELECTIONS
     from sbcli.methods import METHODS
+    from sbcli.methods.memory import SELECTIONS
     from sbcli.nets import list_models
 
     three = _list(_number(-1e6, 1e6), 3, 3)
