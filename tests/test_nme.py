@@ -14,7 +14,7 @@ from sbcli.methods.inference import NME_MEANS, NearestMeanScores, scoring_module
 from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods.std import icarl_loss
 from sbcli.nets import create_model
-from sbcli.run.evalsets import load_test_sets
+from sbcli.run import evalsets
 
 
 class Features(torch.nn.Module):
@@ -112,7 +112,7 @@ def test_icarl_learner_keeps_the_means_of_its_final_memory(icarl_learner):
 def test_icarl_evaluation_uses_the_nearest_mean(icarl_learner):
     learner = Learner.load(icarl_learner)
     engine = Engine(TrainConfig(), torch.device("cpu"), learner.norm, 0)
-    test = load_test_sets(learner)
+    test = evalsets.load_test_sets(learner)
     feats = engine.features(learner.model, test.images)
     nearest = torch.cdist(torch.nn.functional.normalize(feats, dim=1), learner.extra[nme.MEANS_KEY]).argmin(1)
     expected = float((nearest == test.labels).float().mean()) * 100
@@ -122,7 +122,7 @@ def test_icarl_evaluation_uses_the_nearest_mean(icarl_learner):
 def test_icarl_history_records_the_network_output_beside_the_nearest_mean(icarl_learner):
     learner = Learner.load(icarl_learner)
     engine = Engine(TrainConfig(), torch.device("cpu"), learner.norm, 0)
-    test = load_test_sets(learner)
+    test = evalsets.load_test_sets(learner)
     last = learner.state.history[-1]
     network = float((engine.logits(learner.model, test.images).argmax(1) == test.labels).float().mean()) * 100
     assert last["network_metrics"]["overall"] == pytest.approx(network)

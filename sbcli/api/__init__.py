@@ -42,10 +42,11 @@ from sbcli.learner.store import legacy
 from sbcli.learner.store.lock import writer_lock
 from sbcli.learner.store.outputs import check_output_dir
 from sbcli.learner.validate import MAX_WIDTH
-from sbcli.methods import build_config
+from sbcli.methods import METHODS, build_config
 from sbcli.methods.memory import ExemplarMemory
 from sbcli.metrics import history_summary
 from sbcli.nets import create_model, list_models
+from sbcli.nets.timm_backbone import timm_input
 from sbcli.run import banner, evalsets, growing
 from sbcli.run.growing import AddTaskOptions
 from sbcli.run.plan import sequence_epochs
@@ -74,7 +75,14 @@ def options(source: str | None = None, *, recipe: str | None = None, **settings:
 
 
 def _check_run(run: RunOptions) -> torch.device:
-    if run.arch not in list_models():
+    if timm_input(run.arch) is not None:  # a timm architecture: known to timm, width 1, frozen-backbone methods
+        if run.width != 1.0:
+            raise ConfigError(f"--width does not apply to --arch {run.arch} (timm builds it at its own width); drop --width.")
+        if not METHODS.get(run.method).frozen_backbone:
+            frozen = ", ".join(n for n in METHODS.names() if METHODS.get(n).frozen_backbone)
+            raise ConfigError(f"--arch {run.arch} is a timm backbone, which only --method {frozen} takes; "
+                              f"--method {run.method} trains sbcli's own ResNets.")
+    elif run.arch not in list_models():
         raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
     if not 0 < run.width <= MAX_WIDTH:
         raise ConfigError(f"--width must be above 0 and at most {MAX_WIDTH} (e.g. 0.25 for a quarter-width network).")
@@ -163,10 +171,14 @@ def _check_keep(keep: int | None) -> None:
 def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.device, resume: bool, keep: int | None,
            on_progress: ProgressFn | None, on_step: StepFn | None) -> Learner:
     weights = None
-    if run.pretrained and not resume:  # fetched and checked before any data is read
+    timm_in = timm_input(run.arch)  # --arch timm/NAME: its resolution, statistics and weights
+    if (run.pretrained or timm_in) and not resume:  # fetched and checked before any data is read
         from sbcli.hub import pretrained
 
-        weights = pretrained.load(run.pretrained, run.arch, run.width, sha256=run.pretrained_sha256)
+        ref = run.pretrained or timm_in.weights
+        weights = pretrained.load(ref, run.arch, run.width, sha256=run.pretrained_sha256)
+    if timm_in is not None:
+        seq = dataclasses.replace(seq, image_size=seq.image_size or timm_in.image_size)
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
     opened = open_spec(spec, download=seq.download)
@@ -187,6 +199,8 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     else:
         # pretrained backbones expect the statistics they were trained with: ImageNet's
         norm = Normalization(IMAGENET_MEAN, IMAGENET_STD) if weights else (opened.norm or compute_normalization(opened.train.images))
+        if timm_in is not None:  # the statistics timm's pretrained configuration gives the architecture
+            norm = Normalization(timm_in.mean, timm_in.std)
         state = _new_state(run, image_size, norm.to_json(), plan, spec["kind"])
         torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
         model = create_model(run.arch, scenario.sizes[0], run.width, run.train.zero_init_residual)

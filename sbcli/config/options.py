@@ -140,6 +140,26 @@ def merge(given: dict, defaults: dict) -> dict:
     return merged
 
 
+def _frozen_backbone(o: dict, given: dict) -> None:
+    """A method's own run defaults (SimpleCIL: no exemplars unless asked); a timm architecture only for a method
+    whose backbone stays frozen (the others train sbcli's own ResNets: S&B needs their partition)."""
+    from sbcli.nets.timm_backbone import is_timm_arch
+
+    spec = METHODS.get(o.get("method") or RunOptions.method)
+    for key, value in spec.run_defaults:
+        if given.get(key) is None:
+            o[key] = value
+    if not is_timm_arch(o.get("arch")):
+        return
+    if not spec.frozen_backbone:
+        frozen = ", ".join(n for n in METHODS.names() if METHODS.get(n).frozen_backbone)
+        raise ConfigError(f"--arch {o['arch']} is a timm backbone, which only frozen-backbone methods (--method "
+                          f"{frozen}) take: --method {spec.name} trains sbcli's own ResNets (S&B needs their "
+                          "partition); pick --arch resnet18, resnet32, resnet18-in or resnet34-in.")
+    if given.get("width") is None:
+        o["width"] = 1.0  # timm builds the network at its own width (the demo's default 0.25 does not apply)
+
+
 def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOptions, RunOptions, Path | None]:
     """(SequenceOptions, RunOptions, out) from options by name; keys that are no setting are ignored.
 
@@ -151,6 +171,7 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
         ConfigError: a value is malformed (``--milestones``, ``--phase-epochs``) or refused.
     """
     o = merge(given, defaults_for(given.get("source")) if defaults is None else defaults)
+    _frozen_backbone(o, given)
     method_options = {k: o.get(k) for k in sorted(method_keys())}
     for name in together_fields():  # sb's --phase-epochs A,B,C
         method_options |= split_together(name, o.get(name))

@@ -150,6 +150,10 @@ def _read_safetensors(path: Path, origin: str) -> dict[str, torch.Tensor]:
 
 def _match(tensors: dict[str, torch.Tensor], arch: str, width: float, origin: str) -> dict[str, torch.Tensor]:
     """The tensors under sbcli's names, after checking that they are exactly ``arch``'s backbone."""
+    from sbcli.nets.timm_backbone import is_timm_arch, match_weights
+
+    if is_timm_arch(arch):  # --arch timm/NAME: timm's own names under the backbone's ``body``
+        return match_weights(tensors, arch, origin)
     ours = {k: v for k, v in create_model(arch, 1, width).state_dict().items() if not k.startswith("head.")}
     mapped = {new: t for k, t in tensors.items() if (new := map_timm_keys(k)) is not None}
     hint = ("pick the --arch these weights were trained as (timm's resnet18/resnet34 are resnet18-in/resnet34-in at "

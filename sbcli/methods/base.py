@@ -70,6 +70,7 @@ class TaskResult:
 
 
 Plan = Callable[[Any, int, int, int], int]  # (cfg, --epochs, C_old, C_total) -> epochs of a later step's own phases
+FirstPlan = Callable[[Any, int], int]  # (cfg, --epochs) -> epochs of the first step
 
 
 def one_phase(cfg: Any, epochs: int, num_old: int, num_total: int) -> int:
@@ -77,13 +78,24 @@ def one_phase(cfg: Any, epochs: int, num_old: int, num_total: int) -> int:
     return epochs
 
 
+def first_task_epochs(cfg: Any, epochs: int) -> int:
+    """The first step of a method that trains it for ``--epochs``."""
+    return epochs
+
+
 # Inference rules after which no class-balanced fine-tuning runs (``--balance-epochs``): BiC's bias layer
 # is fit on the network as the step leaves it, and balancing after it would undo what the layer measured.
-INFERENCE_HELP = ("Inference rule: wa (weight aligning), bic (a bias layer), icarl (nearest mean of exemplars) or none "
-                  "(the plain head)")
-UNBALANCED_RULES = frozenset({"bic"})
-BALANCE_REFUSAL = ("--balance-epochs does not go with --inference bic (its bias layer already corrects the new "
-                   "classes' bias); drop one of them.")
+INFERENCE_HELP = ("Inference rule: wa (weight aligning), bic (a bias layer), icarl (nearest mean of exemplars), none "
+                  "(the plain head) or prototype (cosine similarity to class prototypes)")
+# Rules after which no balancing runs, each with the sentence that refuses an asked --balance-epochs. SimpleCIL's
+# prototypes are class-balanced already and its backbone never trains after the first step.
+UNBALANCED_RULES = {
+    "bic": ("--balance-epochs does not go with --inference bic (its bias layer already corrects the new classes' "
+            "bias); drop one of them."),
+    "prototype": ("--balance-epochs does not go with --method simplecil (its backbone stays frozen and its "
+                  "prototypes are already class-balanced); drop --balance-epochs."),
+}
+BALANCE_REFUSAL = UNBALANCED_RULES["bic"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +110,9 @@ class MethodSpec:
     plan: Plan = one_phase
     title: str | None = None  # how a model card names it (None: its name)
     hub_tag: str | None = None  # its tag on the Hub (None: sbcli-NAME)
+    first_plan: FirstPlan = first_task_epochs
+    frozen_backbone: bool = False  # never trains the backbone after step 1: may take a timm architecture
+    run_defaults: tuple[tuple[str, Any], ...] = ()  # run settings it sets when not given (e.g. no exemplars)
 
     def balances(self, cfg: Any) -> bool:
         """Whether class-balanced fine-tuning may follow a later step under ``cfg``'s inference rule."""
@@ -108,12 +123,15 @@ METHODS: Registry[MethodSpec] = Registry("method")
 
 
 def register_method(name: str, config: type, summary: str, inferences: tuple[str, ...] = ("none",),
-                    plan: Plan = one_phase, title: str | None = None, hub_tag: str | None = None) -> Callable:
+                    plan: Plan = one_phase, title: str | None = None, hub_tag: str | None = None,
+                    first_plan: FirstPlan = first_task_epochs, frozen_backbone: bool = False,
+                    run_defaults: tuple[tuple[str, Any], ...] = ()) -> Callable:
     """Decorator: register ``learn_task`` under ``name`` with its Config dataclass, inference rules and plan
-    (and how a model card names it)."""
+    (and how a model card names it, whether its backbone stays frozen, run settings it defaults)."""
 
     def add(fn: Callable[[TaskContext, Any], TaskResult]) -> Callable[[TaskContext, Any], TaskResult]:
-        METHODS.register(name)(MethodSpec(name, config, fn, summary, inferences, plan, title, hub_tag))
+        METHODS.register(name)(MethodSpec(name, config, fn, summary, inferences, plan, title, hub_tag, first_plan,
+                                          frozen_backbone, run_defaults))
         return fn
 
     return add
@@ -160,5 +178,5 @@ def balance_epochs(name: str, options: Any, epochs: int, asked: bool) -> int:
     if not epochs or METHODS.get(name).balances(cfg):
         return epochs
     if asked:
-        raise ConfigError(BALANCE_REFUSAL)
+        raise ConfigError(UNBALANCED_RULES[cfg.inference])
     return 0

@@ -23,7 +23,7 @@ from torch import nn
 
 from sbcli.engine.loop import Engine
 from sbcli.errors import ExportError
-from sbcli.methods import bic, nme
+from sbcli.methods import bic, nme, simplecil
 from sbcli.methods.memory import FeatureFn
 from sbcli.nets.resnet import IncrementalResNet
 from sbcli.registry import Registry
@@ -96,6 +96,39 @@ def nearest_mean_module(model: IncrementalResNet, extra: dict[str, torch.Tensor]
 
 
 register_scoring_module("icarl")(nearest_mean_module)
+
+
+class PrototypeScores(nn.Module):
+    """SimpleCIL's rule: cosine similarity of the features to every class prototype, as one linear layer.
+
+    The layer's weight is the normalised prototypes [C, D] (no bias); its input the normalised
+    pooled features, so the ONNX graph is the backbone, a normalisation and one MatMul.
+    """
+
+    def __init__(self, model: IncrementalResNet, prototypes: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        weight = nn.functional.normalize(prototypes.detach().float(), dim=1)
+        self.head = nn.Linear(weight.shape[1], weight.shape[0], bias=False).to(next(model.parameters()).device)
+        with torch.no_grad():
+            self.head.weight.copy_(weight)
+        self.head.weight.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(nn.functional.normalize(self.model.forward_features(x).float(), dim=1))
+
+
+@register_scoring_module("prototype")
+def prototype_module(model: IncrementalResNet, extra: dict[str, torch.Tensor]) -> nn.Module:
+    """Scores of the ``prototype`` rule (``--method simplecil``) from the prototypes in ``extra``."""
+    protos = extra.get(simplecil.PROTOTYPES_KEY)
+    if protos is None:
+        raise ExportError(f"The learner scores by class prototypes but holds no '{simplecil.PROTOTYPES_KEY}' tensor; "
+                          "it is damaged: pull or copy it again.")
+    if protos.shape != (model.num_classes, model.num_features):
+        raise ExportError(f"The stored class prototypes have shape {tuple(protos.shape)}, not "
+                          f"({model.num_classes}, {model.num_features}); the learner is damaged: pull or copy it again.")
+    return PrototypeScores(model, protos)
 register_scoring_module("bic")(bic.fold_correction)
 
 

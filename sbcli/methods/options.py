@@ -95,7 +95,7 @@ def method_options() -> list[MethodOption]:
         kind = _base_type(owners[0][2])
         helps = {m: f.metadata.get("help", "") for m, f, _ in owners}
         if name == "inference":  # each method names the rules it takes
-            helps = {m: f"{text}; " + "; ".join(f"{', '.join(ms)} take {_or(rules)}" for rules, ms in
+            helps = {m: f"{text}; " + "; ".join(f"{', '.join(ms)} take{'s' if len(ms) == 1 else ''} {_or(rules)}" for rules, ms in
                                                    _grouped({m: ", ".join(METHODS.get(m).inferences) for m in helps}))
                      + "." for m, text in helps.items()}
         texts = {m: f.metadata.get("default_text") or show(f.default) for m, f, _ in owners}

@@ -23,10 +23,10 @@ def step_epochs(method: str, options: dict | Any, epochs: int, step: int, num_ol
 
     ``options``: the method's Config, or its options by name.
     """
-    if step == 0:
-        return epochs
     spec = METHODS.get(method)
     cfg = options if dataclasses.is_dataclass(options) else build_config(method, options)
+    if step == 0:
+        return spec.first_plan(cfg, epochs)
     return spec.plan(cfg, epochs, num_old, num_total) + (balance if spec.balances(cfg) else 0)
 
 

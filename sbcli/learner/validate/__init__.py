@@ -245,16 +245,25 @@ def _method_config(method: str) -> Check:
     return _config(METHODS.get(method).config, {})
 
 
+def _arch(v: Any) -> str | None:
+    """sbcli's architectures, or ``timm/NAME`` (a timm backbone: checked when the network is built)."""
+    from sbcli.nets import list_models
+    from sbcli.nets.timm_backbone import PREFIX
+
+    if isinstance(v, str) and v.startswith(PREFIX) and 0 < len(v) - len(PREFIX) <= 200:
+        return None
+    return _str(list_models)(v)
+
+
 def _state_fields() -> dict[str, Check]:
     from sbcli.methods import METHODS
     from sbcli.methods.memory import SELECTIONS
-    from sbcli.nets import list_models
 
     three = _list(_number(-1e6, 1e6), 3, 3)
     metrics = _object({"overall": _number(0, 100, nan=True), "per_task": _list(_number(0, 100, nan=True), MAX_CLASSES)},
                       ("overall", "per_task"))
     return {
-        "arch": _str(list_models), "width": _number(0, MAX_WIDTH, lo_open=True),
+        "arch": _arch, "width": _number(0, MAX_WIDTH, lo_open=True),
         "image_size": _int(1, MAX_IMAGE_SIZE),
         "normalization": _object({"mean": three, "std": _list(_number(0, 1e6, lo_open=True), 3, 3)}, ("mean", "std")),
         "method": _str(METHODS.names), "method_config": _any_object, "train_config": _train_config(),

@@ -1,0 +1,138 @@
+"""SimpleCIL: class prototypes on a frozen backbone, scored by cosine similarity (Zhou et al., IJCV 2024).
+
+Each class's prototype is the mean of the L2-normalised pooled features of its training images
+(with ``--prototype-flips``, of their horizontal flips too) under the backbone, which is never
+trained after the first step. An image scores ``cos(f(x), p_c)`` for every class ``c``. Nothing of
+an old class changes when a task is added: its prototype is carried over bit for bit, so the
+method cannot forget, needs no exemplar memory (``--memory 0`` is its default) and ``sb add-task``
+is one forward pass over the new images.
+
+``--adapt-epochs N`` (APER, Zhou et al. 2024) first fine-tunes the backbone with cross-entropy on
+the first task for N epochs, then freezes it; 0 (the default) keeps the backbone as it was built
+or loaded (``--pretrained``, or a timm architecture's Hub weights).
+
+The prototypes live in the learner as the ``simplecil.prototypes`` tensor [C_seen, D] (float32);
+the ``prototype`` scoring module of :mod:`sbcli.methods.inference` turns them into one linear layer over
+normalised features, which is what ``sb evaluate``, ``sb predict``, ``sb serve`` and the ONNX
+export compute.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sbcli.errors import ConfigError, LearnerError
+from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+
+if TYPE_CHECKING:  # torch only inside the functions: the CLI reads this Config without it
+    import torch
+
+    from sbcli.engine.loop import Engine
+
+PROTOTYPES_KEY = "simplecil.prototypes"  # read by the ``prototype`` scoring module
+INFERENCE = "prototype"
+
+
+@dataclass(frozen=True)
+class Config:
+    inference: str = option(INFERENCE, INFERENCE_HELP)
+    adapt_epochs: int = option(0, "Fine-tune the backbone with CE on the first task for N epochs (APER), then freeze "
+                                  "it (0: frozen as built or loaded).", default_text="0")
+    prototype_flips: bool = option(False, "Class prototypes also over the horizontally flipped training images.")
+    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
+                                          "(the authors' code).")
+
+    def __post_init__(self) -> None:
+        if self.inference != INFERENCE:
+            raise ConfigError(f"--method simplecil scores by cosine similarity to class prototypes; drop --inference "
+                              f"{self.inference} (its only rule is {INFERENCE}).")
+        if not isinstance(self.adapt_epochs, int) or self.adapt_epochs < 0:
+            raise ConfigError(f"--adapt-epochs {self.adapt_epochs} is not a count of epochs; give 0 (a frozen "
+                              "backbone) or more.")
+
+
+def class_prototypes(features: torch.Tensor, labels: torch.Tensor, classes: range) -> torch.Tensor:
+    """Mean of the normalised ``features`` [N, D] of each class in ``classes`` -> [len(classes), D] float32.
+
+    Raises:
+        ConfigError: a class of ``classes`` has no image.
+    """
+    import torch
+    from torch.nn import functional as F
+
+    feats = F.normalize(features.float(), dim=1)
+    index = labels.to(feats.device).long() - classes.start
+    counts = torch.bincount(index, minlength=len(classes))
+    if bool((counts == 0).any()):
+        raise ConfigError(f"{int((counts == 0).sum())} new class(es) have no training image; give every class images.")
+    sums = torch.zeros(len(classes), feats.shape[1], dtype=torch.float32, device=feats.device).index_add_(0, index, feats)
+    return sums / counts[:, None]
+
+
+def new_prototypes(engine: Engine, model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                   classes: range, flips: bool) -> torch.Tensor:
+    """The prototypes of ``classes`` from their images (exemplars of other classes are left out)."""
+    from torch.nn import functional as F
+
+    keep = (labels >= classes.start) & (labels < classes.stop)
+    images, labels = images[keep], labels[keep]
+    feats = F.normalize(engine.features(model, images), dim=1)
+    if flips:
+        feats = (feats + F.normalize(engine.features(model, images.flip(-1)), dim=1)) / 2
+    return class_prototypes(feats, labels.cpu(), classes).cpu()
+
+
+def stored_prototypes(extra: dict[str, torch.Tensor], num_old: int) -> torch.Tensor | None:
+    """The old classes' prototypes from the learner's state (None at the first step).
+
+    Raises:
+        LearnerError: the learner has old classes but no prototype for each of them.
+    """
+    if num_old == 0:
+        return None
+    old = extra.get(PROTOTYPES_KEY)
+    if old is None or old.shape[0] != num_old:
+        have = "none" if old is None else f"{old.shape[0]}"
+        raise LearnerError(f"The learner knows {num_old} classes but holds {have} class prototypes; it is damaged "
+                           "or was not trained with --method simplecil.")
+    return old
+
+
+def _adapt(ctx: TaskContext, cfg: Config) -> list:
+    """APER's adaptation: CE on the first task's images for ``adapt_epochs`` epochs (none: no phase)."""
+    if ctx.step > 0 or cfg.adapt_epochs == 0:
+        return []
+    from sbcli.engine.loop import Phase
+    from sbcli.methods.common import ce, head_rules_phase
+
+    phase = head_rules_phase(ctx.model, Phase("adapt", ce, cfg.adapt_epochs), cfg.first_task_rules)
+    return [ctx.engine.run(ctx.model, ctx.data, phase)]
+
+
+def _no_training(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
+    """A later step trains nothing: it computes the new classes' prototypes."""
+    return 0
+
+
+def _adapt_epochs(cfg: Config, epochs: int) -> int:
+    """The first step trains only its adaptation epochs (none by default)."""
+    return cfg.adapt_epochs
+
+
+@register_method("simplecil", Config, "prototypes on a frozen backbone, cosine scores (no training, no exemplars)",
+                 (INFERENCE,), plan=_no_training, first_plan=_adapt_epochs, frozen_backbone=True,
+                 run_defaults=(("memory", 0),), title="SimpleCIL: class prototypes on a frozen backbone (Zhou et al., IJCV 2024)")
+def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
+    import torch
+
+    old = stored_prototypes(ctx.extra, ctx.num_old)
+    phases = _adapt(ctx, cfg)
+    start = time.perf_counter()
+    new = new_prototypes(ctx.engine, ctx.model, ctx.data.images, ctx.data.labels,
+                         range(ctx.num_old, ctx.num_total), cfg.prototype_flips)
+    protos = new if old is None else torch.cat([old, new])
+    record = {"prototypes_from": int((ctx.data.labels >= ctx.num_old).sum()), "flips": cfg.prototype_flips,
+              "prototype_seconds": round(time.perf_counter() - start, 3)}
+    return TaskResult(phases=phases, record=record, extra_state={PROTOTYPES_KEY: protos.contiguous()})
