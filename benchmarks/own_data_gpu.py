@@ -58,7 +58,7 @@ def prepare(data: Path, work: Path) -> Folders:
 
 
 def learner_results(path: Path) -> dict:
-    """Per step: accuracy, old, new (and intra), seconds, phases, and the records' accuracies."""
+    """Per step: accuracy, old, new (and intra), seconds, phases, the WA factor and the records' accuracies."""
     from sbcli.learner.state import read_state
 
     state = read_state(path)
@@ -70,6 +70,7 @@ def learner_results(path: Path) -> dict:
                       "intra_old": m.get("intra_old"), "intra_new": m.get("intra_new"), "seconds": h.get("seconds"),
                       "phases": [{k: p.get(k) for k in ("name", "epochs", "final_loss", "seconds", "images_per_s",
                                                         "precision", "best_epoch")} for p in h.get("phases", [])],
+                      "wa_factor": rec.get("wa_factor"),
                       **{k: {kk: rec[k].get(kk) for kk in ("overall", "old", "new")}
                          for k in ("before_wa", "before_balance", "after_B", "after_C") if isinstance(rec.get(k), dict)}})
     return {"steps": steps, "train_config": dataclasses.asdict(state.train_config), "method": state.method,

@@ -97,11 +97,14 @@ DRY = Sizes(retain_epochs=1, retain_tasks=3, warmup_epochs=1, warmup_phases="1,1
 
 
 def train(folder: Path, out: Path, *options: str) -> list[str]:
-    """An `sb train` line; balancing only where ``options`` ask for it, as when these runs were measured
-    (before ``--balance-epochs 2`` became the own-data default)."""
+    """An `sb train` line as these runs were measured: balancing only where ``options`` ask for it (before
+    ``--balance-epochs 2`` became the own-data default), S&B unless another method is named, and STD + WA
+    clipping the head in step 1 only (before a folder's default became STD + WA with ``--wa-clip``)."""
     balance = [] if "--balance-epochs" in options else ["--balance-epochs", "0"]
+    method = [] if "--method" in options else ["--method", "sb"]
+    clip = ["--no-wa-clip"] if "std" in options and "--inference" not in options else []
     return ["train", str(folder / "train"), "--test", str(folder / "test"), "--out", str(out), "--json", "--quiet",
-            "--device", "auto", *options, *balance]
+            "--device", "auto", *options, *balance, *method, *clip]
 
 
 def jobs(f: Folders, runs: Path, s: Sizes = Sizes()) -> list[Job]:

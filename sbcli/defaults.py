@@ -8,11 +8,13 @@ the value it takes from each source when nothing sets it:
   :class:`sbcli.config.options.RunOptions`), which take their defaults from here;
 - ``demo``: the bundled demo, a CPU-sized budget so that ``sb train`` alone ends in a few minutes
   (``sb train`` and ``sb bench``; measured: docs/benchmarks.md, "The demo's budget");
-- ``folder``: a class-per-folder directory given to ``sb train``;
+- ``folder``: a class-per-folder directory given to ``sb train`` (own data: defaults measured on held-out
+  classes, docs/benchmarks.md "Own-data defaults");
+- ``own``: own data in ``sb train``, a folder or the demo (not a paper benchmark, not ``sb bench``);
 - ``train``: every source of ``sb train`` (the own-data additions measured in docs/benchmarks.md:
   warm-up on, class-balanced fine-tuning on), which ``sb bench`` and the paper recipes leave out.
 
-A source's own column comes before ``train``, which comes before ``value``. ``text`` says what a
+A source's own column comes before ``own``, then ``train``, then ``value``. ``text`` says what a
 sentinel value means (``incremental_lr``: None is "--lr"). The help of every option states its
 default from this table (:func:`describe`), per source where they differ, and
 ``tests/test_defaults.py`` checks each statement against what a run uses.
@@ -49,13 +51,14 @@ class Default:
     value: Any
     demo: Any = UNSET
     folder: Any = UNSET
+    own: Any = UNSET  # `sb train` on own data: a folder or the demo
     train: Any = UNSET
     text: str | None = None  # what ``value`` means when it stands for something else (None, 0)
 
     def resolve(self, command: Command, kind: Kind) -> Any:
         """The value for ``kind`` of source in ``command`` (`sb bench` runs folders on the paper's budget)."""
         for column, applies in (("demo", kind == "demo"), ("folder", kind == "folder" and command == "train"),
-                                ("train", command == "train")):
+                                ("own", kind in ("folder", "demo") and command == "train"), ("train", command == "train")):
             if applies and getattr(self, column) is not UNSET:
                 return getattr(self, column)
         return self.value
@@ -63,8 +66,8 @@ class Default:
 
 # The table. A value changes here and nowhere else (the help follows).
 DEFAULTS: dict[str, Default] = {
-    # what runs
-    "method": Default("sb"),
+    # what runs: STD + WA for a folder (at the same epochs a step, S&B's phases did not beat it on held-out classes)
+    "method": Default("sb", folder="std"),
     "arch": Default("resnet18"),
     "width": Default(1.0, demo=0.25),
     "tasks": Default(10, demo=5, folder=1),
@@ -90,6 +93,8 @@ DEFAULTS: dict[str, Default] = {
     "val_every": Default(0, text="a fifth of the phase"),
     "balance_epochs": Default(0, train=2),
     "balance_lr": Default(0.01),
+    # method options whose own-data default differs from the method's (the paper's)
+    "wa_clip": Default(False, own=True),  # kept the old classes' head rows (docs/benchmarks.md, "Own-data defaults")
     # how fast and where (no effect on results)
     "eval_batch_size": Default(1024),
     "threads": Default(None, text="the cores that other running work leaves free"),

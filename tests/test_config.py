@@ -54,7 +54,9 @@ def test_engine_settings_from_the_command_line_reach_the_train_config():
 
 def test_method_settings_from_the_command_line_reach_the_method_config():
     _, run, _ = build_options(cli_given(method="dd", aux_epochs=3, first_task_rules=False))
-    assert {k: v for k, v in run.method_options.items() if v is not None} == {"aux_epochs": 3, "first_task_rules": False}
+    # wa_clip: the own-data default under WA (sbcli.defaults.DEFAULTS, the "own" column)
+    assert {k: v for k, v in run.method_options.items() if v is not None} == {"aux_epochs": 3, "first_task_rules": False,
+                                                                            "wa_clip": True}
     _, run, _ = build_options(cli_given(method="std", inference="bic", bic_val_fraction=0.25))
     assert run.method_options["bic_val_fraction"] == 0.25
 

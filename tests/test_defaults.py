@@ -71,7 +71,10 @@ def test_every_option_of_the_table_states_the_default_a_run_uses_for_each_source
         for kind, source in SOURCES.items():
             if kind not in expected:
                 continue
-            value = used(command, source)[name]
+            values = used(command, source)
+            if name not in values:  # a method option that the method this source runs does not take
+                continue
+            value = values[name]
             if row.text is not None and expected[kind] == row.text:
                 assert value == row.value, (name, kind)  # the sentinel the text explains
             else:
@@ -97,6 +100,8 @@ def test_every_method_option_states_each_methods_default():
             statement = stated(options[name].help)
             parts = dict(p.rsplit(" for ", 1)[::-1] for p in statement.split("; ")) if " for " in statement else {}
             text = next((v for k, v in parts.items() if method in k.split(", ")), statement)
+            if name in DEFAULTS:  # a method option whose default the table sets per source (checked above)
+                continue
             if f.metadata.get("default_text") is None and not f.metadata.get("together"):
                 assert text == show(getattr(cfg, f.name)), (method, f.name, text)
             elif f.default is None and f.name != "gamma":

@@ -33,6 +33,10 @@ EPILOG = """Examples:
   sb train cifar100 --tasks 10 --method sb --out runs/c100-sb10
 
   sb train ./photos/train --test ./photos/val --out my-learner
+
+Your own folders default to STD + WA, --epochs a step, the step-1 head rules with clipping in every
+later step, warm-up 1 epoch at lr 0.05 and above, balancing 2 epochs (docs/benchmarks.md,
+"Own-data defaults", has what each costs and buys).
 """
 
 @friendly_errors
@@ -50,7 +54,7 @@ def train(
     increment: Annotated[Optional[int], typer.Option("--increment", help="Classes of every later task.", rich_help_panel=DATA, show_default=False)] = None,
     no_test_sample: NoTestSampleOpt = False,
     recipe: Annotated[Optional[str], typer.Option("--recipe", help="A named recipe (e.g. paper-10) or a recipe .toml file; options given override it.", rich_help_panel=METHOD, show_default=False)] = None,
-    method: Annotated[Optional[str], typer.Option("--method", help=describe("sb, std, dd, finetune, joint, ... (`sb methods` lists them)", "method", "train"), rich_help_panel=METHOD, show_default=False)] = None,
+    method: Annotated[Optional[str], typer.Option("--method", help=describe("sb, std, dd, finetune, joint, simplecil, ... (`sb methods` lists them); for a folder STD + WA: at the same epochs a step, S&B's phases did not beat it on held-out classes", "method", "train"), rich_help_panel=METHOD, show_default=False)] = None,
     pretrained: PretrainedOpt = None,
     pretrained_sha256: PretrainedHashOpt = None,
     log: LogOpt = None,

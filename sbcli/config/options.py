@@ -160,6 +160,34 @@ def _frozen_backbone(o: dict, given: dict) -> None:
         o["width"] = 1.0  # timm builds the network at its own width (the demo's default 0.25 does not apply)
 
 
+LOW_LR_NO_WARMUP = 0.05  # in `sb train`, a default warm-up runs only at --lr 0.05 and above
+NEVER_CLAMP = ("icarl", "bic")  # inference rules whose reference code never clamps the head
+
+
+def _own_data_rules(o: dict, given: dict, own: bool) -> None:
+    """Defaults that depend on other settings (docs/benchmarks.md, "Own-data defaults"); what was asked never changes.
+
+    - a method option the table defaults that the chosen method does not take (``--wa-clip`` for sb), or that its
+      inference rule does not take (``--wa-clip`` away from WA), is dropped, not refused;
+    - ``own`` (`sb train` on a folder or the demo): no warm-up by default below --lr 0.05 (it lifted the first task
+      at lr 0.1; at lr 0.01 it only takes epochs at full rate), and no step-1 head rules under iCaRL or BiC unless
+      asked (their own code never clamps the head).
+    """
+    asked = {k for k, v in given.items() if v is not None}
+    spec = METHODS.get(o.get("method") or RunOptions.method) if (o.get("method") or RunOptions.method) in METHODS.names() else None
+    for name in method_keys() & DEFAULTS.keys() - asked:
+        takes = spec is not None and name in _fields(spec.config)
+        if not takes or (name == "wa_clip" and o.get("inference") not in (None, "wa")):
+            o[name] = None
+    if not own:
+        return
+    if "warmup_epochs" not in asked and o.get("warmup_epochs") == DEFAULTS["warmup_epochs"].train \
+            and float(o.get("lr") or default_value("lr")) < LOW_LR_NO_WARMUP:
+        o["warmup_epochs"] = 0.0
+    if o.get("inference") in NEVER_CLAMP and "first_task_rules" not in asked:
+        o["first_task_rules"] = False
+
+
 def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOptions, RunOptions, Path | None]:
     """(SequenceOptions, RunOptions, out) from options by name; keys that are no setting are ignored.
 
@@ -172,6 +200,7 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
     """
     o = merge(given, defaults_for(given.get("source")) if defaults is None else defaults)
     _frozen_backbone(o, given)
+    _own_data_rules(o, given, own=defaults is None and kind_of(o.get("source")) != "paper")
     method_options = {k: o.get(k) for k in sorted(method_keys())}
     for name in together_fields():  # sb's --phase-epochs A,B,C
         method_options |= split_together(name, o.get(name))

@@ -39,7 +39,9 @@ class Config:
     aux_head_rules: bool = option(False, "Train the temporary network with step 1's head rules (off: plain CE, "
                                          "as DMC).")
     wa_clip: bool = option(False, "With --inference wa: clip negative head weights in every step, as WA's authors "
-                                  "(off: step 1 only, as S&B's code).")
+                                  "(off: step 1 only, as S&B's code). On 20 held-out Tiny-ImageNet classes in 4 "
+                                  "tasks it kept 58 % of the old classes at step 2 instead of 23 % and raised the "
+                                  "average over steps 1..4 from 42.8 to 49.0 (one seed).")
 
     def __post_init__(self) -> None:
         if self.inference not in INFERENCES:
