@@ -39,7 +39,7 @@ def run(out: Path, name: str, seed: int, options: str, threads: int) -> None:
 
 
 def history(learner: Path) -> list[dict]:
-    from sbcli.learner import read_state
+    from sbcli.learner.state import read_state
 
     return read_state(learner).history
 

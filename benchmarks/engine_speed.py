@@ -4,7 +4,7 @@ Both loops train the same network (a student plus a frozen teacher copy, phase C
 lambda * KD + (1 - lambda) * CE, lambda = 1/2) on the same uint8 images, batch and device, in
 one run:
 
-* **engine**: :class:`sbcli.engine.Engine` exactly as ``sb train`` runs it (device-resident
+* **engine**: :class:`sbcli.engine.loop.Engine` exactly as ``sb train`` runs it (device-resident
   uint8 images, permutation batches, crop/flip/normalise on the device for the whole batch,
   channels-last, bf16 autocast where the device computes bf16 natively (``--precision auto``, the
   default of ``sb train``; pass ``--precision auto,fp32`` for a float32 row too), a fused optimiser
@@ -52,8 +52,8 @@ import torch
 from torch import nn
 
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.engine import Engine, Phase, TrainConfig, uses_bf16
-from sbcli.losses import ce_loss, kd_ce_loss
+from sbcli.engine.loop import Engine, Phase, TrainConfig, uses_bf16
+from sbcli.methods.losses import ce_loss, kd_ce_loss
 from sbcli.methods.split_bridge import bridge_loss
 from sbcli.nets import create_model
 from sbcli.nets.partition import make_partition

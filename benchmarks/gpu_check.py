@@ -22,7 +22,7 @@ limit keeps what it finished):
    the epochs that fit the time left; ``sb`` trains S&B + WA alone; ``none`` skips it.
 
 ``--dry`` runs the same steps at tiny sizes on whatever device there is (the CPU without a GPU), on a
-generated archive of the same layout: tests/test_gpu_check.py runs it.
+generated archive of the same layout: tests/benchmarks/test_gpu_check.py runs it.
 """
 
 from __future__ import annotations
@@ -236,7 +236,7 @@ def profile(check: Check) -> dict:
     from torch.profiler import ProfilerActivity
 
     from sbcli.data.device import DeviceData, Normalization
-    from sbcli.engine import Engine, Phase, TrainConfig
+    from sbcli.engine.loop import Engine, Phase, TrainConfig
     from sbcli.methods.common import frozen_copy
     from sbcli.methods.split_bridge import bridge_loss
     from sbcli.nets import create_model

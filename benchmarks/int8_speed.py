@@ -25,7 +25,7 @@ from onnx_speed import interleaved_ms, random_learner
 
 from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, export_onnx, ort_session
 from sbcli.export.quantize import calibration_images, quantize
-from sbcli.learner import Learner
+from sbcli.learner.state import Learner
 
 
 def main() -> None:

@@ -27,11 +27,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 from sbcli.export.onnx import OnnxConfig, export_onnx, ort_session, serving_model
-from sbcli.learner import Learner, LearnerState
-from sbcli.memory import ExemplarMemory
+from sbcli.learner.state import Learner, LearnerState
 from sbcli.methods import build_config
+from sbcli.methods.memory import ExemplarMemory
 from sbcli.nets import create_model
 
 

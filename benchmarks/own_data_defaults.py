@@ -175,7 +175,7 @@ def finished(path: Path) -> set[str]:
 def adopt(pool: Pool, todo: list[Job]) -> list[Job]:
     """Record the runs whose learner already has every step (a run started by hand, or an earlier
     call stopped before writing its line); return the rest."""
-    from sbcli.learner import read_state
+    from sbcli.learner.state import read_state
 
     rest = []
     for j in todo:

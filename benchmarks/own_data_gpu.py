@@ -59,7 +59,7 @@ def prepare(data: Path, work: Path) -> Folders:
 
 def learner_results(path: Path) -> dict:
     """Per step: accuracy, old, new (and intra), seconds, phases, the WA factor and the records' accuracies."""
-    from sbcli.learner import read_state
+    from sbcli.learner.state import read_state
 
     state = read_state(path)
     steps = []

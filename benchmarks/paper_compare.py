@@ -45,7 +45,7 @@ from sbcli import api
 from sbcli.bench import BenchPlan, run_bench
 from sbcli.data.catalog import open_spec, resolve_spec
 from sbcli.data.device import DeviceData
-from sbcli.engine import Engine, Phase, ProgressEvent, TrainConfig
+from sbcli.engine.loop import Engine, Phase, ProgressEvent, TrainConfig
 from sbcli.methods.common import frozen_copy
 from sbcli.methods.split_bridge import bridge_loss
 from sbcli.nets import create_model

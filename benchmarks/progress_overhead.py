@@ -1,6 +1,6 @@
 """What the live progress bars cost the training loop: the same phase with and without them.
 
-Trains one phase of a small network (cross-entropy, no teacher) with :class:`sbcli.engine.Engine`
+Trains one phase of a small network (cross-entropy, no teacher) with :class:`sbcli.engine.loop.Engine`
 in alternating rounds: ``none`` (no progress callback), ``lines`` (one line per epoch) and
 ``live`` (rich bars on a terminal, the engine calling ``on_batch`` after every batch, rendered to
 a string buffer forced to be a terminal). Small batches make the per-batch callback as frequent as
@@ -23,7 +23,7 @@ from rich.console import Console
 
 from sbcli.cli import progress
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.engine import Engine, Phase, TrainConfig
+from sbcli.engine.loop import Engine, Phase, TrainConfig
 from sbcli.nets import create_model
 
 
@@ -36,8 +36,7 @@ def one_round(kind: str, device: torch.device, args: argparse.Namespace) -> floa
     console = Console(file=io.StringIO(), force_terminal=kind == "live", width=120)
     reporter = None if kind == "none" else progress.reporter(False, console=console)
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, precision="fp32")
-    engine = Engine(cfg, device, Normalization((0.5,) * 3, (0.25,) * 3), 0, reporter)
-    engine.task = 1
+    engine = Engine(cfg, device, Normalization((0.5,) * 3, (0.25,) * 3), 0, reporter).for_step(1)
     phase = Phase("base", lambda out: torch.nn.functional.cross_entropy(out.logits, out.targets), args.epochs)
     start = time.perf_counter()
     if reporter is None:

@@ -34,8 +34,8 @@ from PIL import Image
 from sbcli import api
 from sbcli.data.imageset import ImageSet
 from sbcli.data.sources import DecodeCache, load_tiny_imagenet
-from sbcli.engine import TrainConfig
-from sbcli.learner import read_state
+from sbcli.engine.loop import TrainConfig
+from sbcli.learner.state import read_state
 from sbcli.metrics import average_incremental
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))

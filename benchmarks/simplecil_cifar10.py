@@ -70,7 +70,7 @@ def backbone_file(learner_dir: Path, work: Path) -> Path:
     """The learner's weights less its head, as safetensors (what ``--pretrained FILE`` reads)."""
     from safetensors.torch import save_file
 
-    from sbcli.learner import Learner
+    from sbcli.learner.state import Learner
 
     path = work / "backbone.safetensors"
     if not path.is_file():
@@ -83,7 +83,7 @@ def backbone_file(learner_dir: Path, work: Path) -> Path:
 def run_one(name: str, tasks: list[tuple[Path, Path]], out: Path, args: argparse.Namespace, seed: int,
             weights: Path | None) -> dict:
     from sbcli import api
-    from sbcli.engine import TrainConfig
+    from sbcli.engine.loop import TrainConfig
 
     train = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, threads=1, warmup_epochs=0.0)
     if name == "simplecil":

@@ -72,8 +72,7 @@ def main() -> None:
     import torch
 
     from sbcli import api
-    from sbcli.cli.runs import _phase_epochs
-    from sbcli.engine import TrainConfig
+    from sbcli.engine.loop import TrainConfig
 
     torch.set_num_threads(1)
     train_dir, test_dir = build_folder(args.zip, args.work / f"c{args.classes}-n{args.per_class}", args.classes,
@@ -82,7 +81,8 @@ def main() -> None:
     cfg = TrainConfig(epochs=args.epochs, batch_size=128, lr=args.lr,
                       warmup_epochs=args.warmup_epochs if stable else 0.0,
                       zero_init_residual=stable and args.zero_init == "on")
-    method_options = _phase_epochs(args.phase_epochs) if args.method == "sb" else {}
+    phases = args.phase_epochs.split(",") if args.method == "sb" and args.phase_epochs else []
+    method_options = dict(zip(("epochs_a", "epochs_b", "epochs_c"), map(int, phases), strict=True)) if phases else {}
     run = api.RunOptions(method=args.method, method_options=method_options, arch=args.arch, width=args.width,
                          train=cfg, memory=args.memory, seed=args.seed, device="cpu")
     steps = args.steps or args.tasks

@@ -13,7 +13,7 @@ each `sb add-task` a real subprocess (`python -m sbcli add-task ...`):
    new step, and learners with leftovers (files no kept step names: the kill landed inside the
    save, before its commit or before its clean-up finished). After each kill, the next writer
    (an in-process save under the lock) must leave exactly the files ``learner.json`` names.
-3. For every named point of the save (``sbcli.store.commit.checkpoint``), one `sb add-task --keep 1`
+3. For every named point of the save (``sbcli.learner.store.commit.checkpoint``), one `sb add-task --keep 1`
    on a learner holding an interrupted save's leftovers (so that the save deletes: leftovers before
    the commit, the dropped step after it) ends at that point (``SBCLI_FAULT_AT``, ``os._exit``) and
    the same checks run.
@@ -77,8 +77,8 @@ def add_task(learner: Path, folder: Path, extra_env: dict | None = None, *extra:
 def check(learner: Path) -> tuple[str, int | None, bool]:
     """(verdict, current step, a save was interrupted): verdict ``ok`` or what is wrong."""
     from sbcli.errors import SbcliError
-    from sbcli.learner import Learner
-    from sbcli.store.layout import read_stored
+    from sbcli.learner.state import Learner
+    from sbcli.learner.store.layout import read_stored
 
     try:
         stored = read_stored(learner)
@@ -94,8 +94,8 @@ def check(learner: Path) -> tuple[str, int | None, bool]:
 
 def next_writer_cleans(learner: Path) -> bool:
     """The next writer (a save of the current state, under the lock) leaves only what learner.json names."""
-    from sbcli.learner import Learner
-    from sbcli.store.lock import writer_lock
+    from sbcli.learner.state import Learner
+    from sbcli.learner.store.lock import writer_lock
 
     with writer_lock(learner, "benchmark"):
         current = Learner.load(learner)
@@ -190,7 +190,7 @@ def fault_points(base: Path, work: Path, folder: Path) -> dict:
     learner = work / "points"
     shutil.copytree(base, learner)
     plant_leftovers(learner)
-    probe = ("import sys; from sbcli.store import commit; seen = []; commit.checkpoint = seen.append; "
+    probe = ("import sys; from sbcli.learner.store import commit; seen = []; commit.checkpoint = seen.append; "
              "from sbcli import api; api.add_task(sys.argv[1], sys.argv[2], sys.argv[3], device='cpu', epochs=1, "
              "keep=1); "
              "print(repr(seen))")

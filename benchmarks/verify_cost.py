@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from sbcli.learner import Learner, LearnerState
-from sbcli.memory import ExemplarMemory
+from sbcli.learner.state import Learner, LearnerState
+from sbcli.methods.memory import ExemplarMemory
 from sbcli.nets import create_model
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -4,8 +4,8 @@ Each row is a setting (named as its field and its option: ``batch_size`` is ``--
 the value it takes from each source when nothing sets it:
 
 - ``value``: a paper benchmark (cifar10, cifar100, tiny-imagenet), every cell of ``sb bench``, and
-  the dataclasses a notebook builds by hand (:class:`sbcli.engine.TrainConfig`,
-  :class:`sbcli.config.RunOptions`), which take their defaults from here;
+  the dataclasses a notebook builds by hand (:class:`sbcli.engine.loop.TrainConfig`,
+  :class:`sbcli.config.options.RunOptions`), which take their defaults from here;
 - ``demo``: the bundled demo, a CPU-sized budget so that ``sb train`` alone ends in a few minutes
   (``sb train`` and ``sb bench``; measured: docs/benchmarks.md, "The demo's budget");
 - ``folder``: a class-per-folder directory given to ``sb train`` (own data: defaults measured on held-out

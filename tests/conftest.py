@@ -8,9 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest_hub import fake_hub, hf_offline, no_internet, no_retry_wait  # noqa: F401  (fixtures)
-from conftest_runs import grown_run  # noqa: F401  (fixture)
 from PIL import Image
+
+# Fixtures kept beside this file by subject, registered as plugins (not imported by name into each test file)
+pytest_plugins = ["conftest_hub", "conftest_runs", "conftest_data"]
 
 # The colour of each synthetic class: distinct enough that a small network learns them in an epoch.
 PALETTE = {"red": (200, 40, 40), "green": (40, 190, 60), "blue": (40, 60, 200), "yellow": (210, 200, 40),
@@ -83,7 +84,7 @@ def sgd_lrs(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def one_task_learner(color_data, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A saved learner of one task (red, green; std, width 0.125, 1 epoch, memory 8): read it, never write it."""
     from sbcli import api
-    from sbcli.engine import TrainConfig
+    from sbcli.engine.loop import TrainConfig
 
     out = tmp_path_factory.mktemp("learners") / "colors"
     run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")

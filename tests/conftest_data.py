@@ -1,6 +1,6 @@
 """Real-data fixtures: CIFAR-10 (JPEG re-encode) from the test data folder, unzipped under pytest's tmp dir.
 
-Import them in a test module (``from conftest_data import cifar10_zip, cifar10_subset``). The folder
+Registered for every test by ``pytest_plugins`` in tests/conftest.py. The folder
 is ``SBCLI_TEST_DATA`` (tests/realdata.py); tests that use them skip, with the reason, where the
 archive is absent. Nothing is copied into the repository.
 

@@ -8,7 +8,7 @@ import struct
 from pathlib import Path
 
 from sbcli import api
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 
 
 def train_tiny(color_data: dict[str, Path], out: Path) -> Path:

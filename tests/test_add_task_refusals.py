@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 
 from sbcli import api
 from sbcli.cli.app import app
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError, DataError
 
 runner = CliRunner()

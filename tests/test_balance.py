@@ -1,5 +1,5 @@
 """Keeping old classes at small budgets: ``--incremental-lr`` (the lr of later steps) and
-``--balance-epochs`` (class-balanced fine-tuning on the memory, sbcli.balance)."""
+``--balance-epochs`` (class-balanced fine-tuning on the memory, sbcli.methods.balance)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from sbcli import api
-from sbcli.balance import balanced_finetune
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.engine import Engine, Phase, TrainConfig, phase_lr
+from sbcli.engine.loop import Engine, Phase, TrainConfig, phase_lr
 from sbcli.errors import ConfigError
-from sbcli.losses import ce_loss
+from sbcli.methods.balance import balanced_finetune
+from sbcli.methods.losses import ce_loss
 from sbcli.nets import create_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,8 +36,7 @@ def test_later_steps_start_from_the_incremental_lr_and_a_phase_may_set_its_own(s
     model = create_model("resnet32", 3, 0.25)
     loss = Phase("p", lambda out: ce_loss(out.logits, out.targets), 1)
     for task in (1, 2):
-        engine.task = task
-        engine.run(model, small_data(), loss)
+        engine.for_step(task).run(model, small_data(), loss)
     assert seen == pytest.approx([0.1] * 3 + [0.01] * 3)
 
 
@@ -93,36 +92,34 @@ def test_the_cli_takes_them_and_refuses_a_negative_one_before_any_work(tmp_path:
 
 
 def test_own_data_runs_balance_by_default_and_the_paper_recipes_and_sb_bench_do_not(tmp_path: Path):
-    from sbcli.cli import runs
-    from sbcli.cli import train as train_cmd
-    from sbcli.config import bench_defaults
+    from sbcli.config import options
+    from sbcli.config.options import bench_defaults
 
     given = {name: None for name in ("recipe", "source", "out")} | {"out": str(tmp_path / "x")}
     for source in (None, "photos"):
-        _, run, _ = runs.build_options(given | {"source": source}, train_cmd.defaults_for(source))
+        _, run, _ = options.build_options(given | {"source": source}, options.defaults_for(source))
         assert run.train.balance_epochs == 2 and run.train.incremental_lr is None
     for recipe in ("paper-10", "paper-2"):
-        _, paper, _ = runs.build_options(given | {"recipe": recipe, "source": "cifar100"}, train_cmd.defaults_for("cifar100"))
+        _, paper, _ = options.build_options(given | {"recipe": recipe, "source": "cifar100"}, options.defaults_for("cifar100"))
         assert paper.train.balance_epochs == 0
     assert "balance_epochs" not in bench_defaults("cifar100") and "balance_epochs" not in bench_defaults(None)
-    _, asked, _ = runs.build_options(given | {"balance_epochs": 0}, train_cmd.defaults_for(None))
+    _, asked, _ = options.build_options(given | {"balance_epochs": 0}, options.defaults_for(None))
     assert asked.train.balance_epochs == 0
 
 
 def test_bic_drops_the_default_balancing_and_refuses_an_asked_one(tmp_path: Path):
-    from sbcli.cli import runs
-    from sbcli.cli import train as train_cmd
+    from sbcli.config import options
 
     given = {name: None for name in ("recipe", "source", "out")} | {"out": str(tmp_path / "x"), "method": "std",
                                                                       "inference": "bic"}
-    _, run, _ = runs.build_options(given, train_cmd.defaults_for(None))
+    _, run, _ = options.build_options(given, options.defaults_for(None))
     assert run.train.balance_epochs == 0
     with pytest.raises(ConfigError, match="--balance-epochs does not go with --inference bic"):
-        runs.build_options(given | {"balance_epochs": 2}, train_cmd.defaults_for(None))
+        options.build_options(given | {"balance_epochs": 2}, options.defaults_for(None))
 
 
 def test_the_plan_counts_the_balancing_epochs_of_every_later_step():
-    from sbcli.plan import sequence_epochs
+    from sbcli.run.plan import sequence_epochs
 
     assert sequence_epochs("std", {"inference": "wa"}, 3, [2, 2, 2], balance=2) == [3, 5, 5]
     assert sequence_epochs("std", {"inference": "bic"}, 3, [2, 2, 2], balance=2) == [3, 3, 3]

@@ -10,9 +10,9 @@ from typer.testing import CliRunner
 
 from sbcli import api, bench
 from sbcli.cli.app import app
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError
-from sbcli.learner import read_state
+from sbcli.learner.state import read_state
 from sbcli.metrics import average_incremental
 
 

@@ -6,12 +6,12 @@ import torch
 
 from sbcli import api
 from sbcli.data.device import DeviceData
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError
-from sbcli.inference import scoring_module
-from sbcli.learner import Learner
+from sbcli.learner.state import Learner
 from sbcli.methods import bic
 from sbcli.methods.base import TaskContext
+from sbcli.methods.inference import scoring_module
 from sbcli.nets import create_model
 
 
@@ -96,7 +96,7 @@ class _Capture:
 
     def run(self, model, data, phase):
         self.phases.append((phase, data))
-        from sbcli.engine import PhaseReport
+        from sbcli.engine.loop import PhaseReport
 
         return PhaseReport(phase.name, phase.epochs, 0.0, 0.0, 0.0)
 

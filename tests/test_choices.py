@@ -7,7 +7,7 @@ import torch
 from torch.nn import functional as F
 
 from sbcli.data.device import DeviceData
-from sbcli.engine import Phase, PhaseReport
+from sbcli.engine.loop import Phase, PhaseReport
 from sbcli.errors import ConfigError
 from sbcli.methods import TaskContext, build_config, dd, nme, std
 from sbcli.methods.common import clip_head_weights

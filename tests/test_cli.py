@@ -125,7 +125,7 @@ def test_tasks_that_do_not_divide_and_missing_cuda(color_data, tmp_path):
 
 def test_existing_output_is_not_overwritten_and_resume_continues(color_data, tmp_path):
     from sbcli import api
-    from sbcli.engine import TrainConfig
+    from sbcli.engine.loop import TrainConfig
 
     data = tmp_path / "four"
     shutil.copytree(color_data["task1_train"], data)

@@ -14,11 +14,11 @@ from sbcli import api
 from sbcli.cli import bench as bench_cmd
 from sbcli.cli import train as train_cmd
 from sbcli.cli.app import app
-from sbcli.config import PHASE_EPOCHS, build_options, engine_keys, method_keys, recipe_keys
+from sbcli.config.options import PHASE_EPOCHS, build_options, engine_keys, method_keys, recipe_keys
 from sbcli.data.device import DeviceData
-from sbcli.engine import TrainConfig, make_optimizer, make_schedule
+from sbcli.engine.loop import TrainConfig, make_optimizer, make_schedule
+from sbcli.engine.schedule import steps_per_epoch
 from sbcli.errors import ConfigError
-from sbcli.schedule import steps_per_epoch
 
 ZOO_RECIPES = Path(__file__).resolve().parents[1] / "zoo" / "recipes"
 

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from sbcli.cli.app import app
 from sbcli.errors import LearnerError
-from sbcli.learner import Learner
+from sbcli.learner.state import Learner
 
 runner = CliRunner()
 

@@ -9,10 +9,10 @@ from safetensors.torch import load_file
 
 from sbcli import api
 from sbcli.data.device import DeviceData
-from sbcli.engine import StepOutputs, TrainConfig
+from sbcli.engine.loop import StepOutputs, TrainConfig
 from sbcli.errors import ConfigError
-from sbcli.losses import ce_loss, kd_loss
 from sbcli.methods import build_config, dd
+from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.nets import create_model
 
 
@@ -66,7 +66,7 @@ def test_temporary_network_is_not_in_the_saved_learner(dd_learner):
 
 
 def test_dd_step_trained_the_temporary_network_then_distilled(dd_learner):
-    from sbcli.learner import read_state
+    from sbcli.learner.state import read_state
 
     history = read_state(dd_learner).history
     assert [p["name"] for p in history[1]["phases"]] == ["dd-new", "dd"]

@@ -13,7 +13,7 @@ import pytest
 import typer.main
 
 from sbcli.cli.app import app
-from sbcli.config import bench_defaults, build_options
+from sbcli.config.options import bench_defaults, build_options
 from sbcli.defaults import DEFAULTS, KIND_WORDS, show
 from sbcli.methods import METHODS, build_config
 
@@ -172,7 +172,7 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
 
 def test_a_method_in_one_new_file_brings_its_options_plan_and_rules(tmp_path):
     (tmp_path / "newone.py").write_text(NEW_METHOD, encoding="utf-8")
-    code = ("import sys, newone, typer.main; from sbcli.cli.app import app; from sbcli.plan import sequence_epochs; "
+    code = ("import sys, newone, typer.main; from sbcli.cli.app import app; from sbcli.run.plan import sequence_epochs; "
             "p = {q.name: q for q in typer.main.get_command(app).commands['train'].params}; "
             "print(p['shrink'].help); print(sequence_epochs('newone', {}, 2, [1, 1, 1])); "
             "print('torch' in sys.modules)")

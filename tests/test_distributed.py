@@ -21,14 +21,15 @@ from safetensors.torch import load_file, save_file
 from torch import distributed as dist
 from torch import nn
 
-from sbcli import api, distributed
+from sbcli import api
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.distributed import DistInfo
-from sbcli.engine import Engine, Phase, TrainConfig
-from sbcli.learner import FORMAT_VERSION, Learner
-from sbcli.losses import kd_ce_loss
+from sbcli.engine import distributed
+from sbcli.engine.distributed import DistInfo
+from sbcli.engine.loop import Engine, Phase, TrainConfig
+from sbcli.learner.state import FORMAT_VERSION, Learner
+from sbcli.learner.store.layout import LOCK_FILE, LOCK_INFO
+from sbcli.methods.losses import kd_ce_loss
 from sbcli.nets import create_model
-from sbcli.store.layout import LOCK_FILE, LOCK_INFO
 
 WORLD = 2
 IMAGES, BATCH, CLASSES = 64, 16, 4

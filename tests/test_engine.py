@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from sbcli.data.device import DeviceData, Normalization, normalize
-from sbcli.engine import Engine, Phase, TrainConfig, native_bf16, uses_bf16
-from sbcli.losses import kd_ce_loss
+from sbcli.engine.device import native_bf16
+from sbcli.engine.loop import Engine, Phase, TrainConfig, uses_bf16
+from sbcli.methods.losses import kd_ce_loss
 from sbcli.nets import create_model
 
 CPU = torch.device("cpu")

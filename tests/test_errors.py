@@ -21,9 +21,9 @@ from sbcli import api
 from sbcli.cli._errors import describe, friendly_errors
 from sbcli.cli.app import app
 from sbcli.data.sources import load_folder
-from sbcli.engine import Engine, Phase, TrainConfig
+from sbcli.engine.loop import Engine, Phase, TrainConfig
 from sbcli.errors import ConfigError, DataError, LearnerError, TrainingError
-from sbcli.learner import Learner
+from sbcli.learner.state import Learner
 
 runner = CliRunner()
 SMALL = ["--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu", "--image-size", "16"]
@@ -137,7 +137,7 @@ def test_an_unwritable_learner_directory_is_refused_before_training(tiny, color_
     def denied(*args, **kwargs):
         raise PermissionError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr("sbcli.preflight.tempfile.mkstemp", denied)
+    monkeypatch.setattr("sbcli.learner.preflight.tempfile.mkstemp", denied)
     progress = []
     with pytest.raises(LearnerError, match="is not writable .*Read-only file system.*nothing was trained"):
         api.add_task(learner, color_data["task2_train"], color_data["task2_test"], device="cpu", on_progress=progress.append)
@@ -147,7 +147,7 @@ def test_an_unwritable_learner_directory_is_refused_before_training(tiny, color_
 def test_a_disk_too_full_for_the_save_is_refused_before_training(tiny, color_data, tmp_path, monkeypatch):
     learner = _copy(tiny, tmp_path)
     before = hashes(learner)
-    monkeypatch.setattr("sbcli.preflight.shutil.disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
+    monkeypatch.setattr("sbcli.learner.preflight.shutil.disk_usage", lambda p: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096))
     progress = []
     with pytest.raises(LearnerError, match="Not enough free space .* 0.0 MiB free"):
         api.add_task(learner, color_data["task2_train"], color_data["task2_test"], device="cpu", on_progress=progress.append)

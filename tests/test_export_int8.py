@@ -9,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+from learners import make_learner
 from test_json_schemas import check
-from test_onnx_export import make_learner
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app
 from sbcli.errors import ExportError
 from sbcli.export import quantize
+from sbcli.export.serving import open_learner
 from sbcli.serve.predict import predict
 
 runner = CliRunner()
@@ -61,7 +62,7 @@ def test_int8_agrees_with_float_on_the_test_sample(int8_export, one_task_learner
     assert r["agreement"] >= r["min_agreement"] == 0.98
     assert r["float_accuracy"] > 0.75 and abs(r["int8_accuracy"] - r["float_accuracy"]) <= 1 - r["agreement"] + 1e-9
     files = sorted(Path(color_data["task1_test"]).rglob("*.png"))
-    want = [p.labels[0] for p in predict(one_task_learner, files, top_k=1).predictions]
+    want = [p.labels[0] for p in predict(one_task_learner, files, top_k=1, open_learner=open_learner).predictions]
     got = [p.labels[0] for p in predict(out, files, top_k=1).predictions]
     assert np.mean(np.array(want) == np.array(got)) >= 0.9
 

@@ -13,7 +13,7 @@ from sbcli.cli.progress import step_text
 from sbcli.cli.runs import closing_line, keeping_hint
 from sbcli.jsonutil import strict
 from sbcli.metrics import StepMetrics
-from sbcli.steps import StepSummary
+from sbcli.run.steps import StepSummary
 
 runner = CliRunner()
 NAN = float("nan")

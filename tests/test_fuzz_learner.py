@@ -231,7 +231,7 @@ REPO_NUMBERS = itertools.count()
 @pytest.fixture(scope="module")
 def other(pristine, tmp_path_factory) -> Path:
     """Another learner of the same classes and shapes, other weights: its step passes every structural check."""
-    from sbcli.learner import Learner
+    from sbcli.learner.state import Learner
 
     learner = Learner.load(pristine)
     with torch.no_grad():
@@ -338,7 +338,7 @@ def hub_repo(pristine, tmp_path_factory):
     from conftest_hub import point_hub_client_at
     from fake_hub import FakeHub
 
-    from sbcli.learner import Learner
+    from sbcli.learner.state import Learner
 
     root = tmp_path_factory.mktemp("hub")
     Learner.load(pristine).publish(root / "flat")

@@ -27,11 +27,11 @@ from typer.testing import CliRunner
 
 from sbcli import api
 from sbcli.cli.app import app
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError, ExportError, LearnerError
-from sbcli.export.hub import safe_relpath
-from sbcli.learner import Learner
-from sbcli.zoo import sha256_file
+from sbcli.hub.client import safe_relpath
+from sbcli.hub.zoo import sha256_file
+from sbcli.learner.state import Learner
 
 REPO = "tester/colours"
 LEARNER_FILES = ["README.md", "learner.json", "memory.safetensors", "model.onnx", "model.safetensors",

@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from sbcli import api
 from sbcli.cli.app import app
-from sbcli.learner import read_state
+from sbcli.learner.state import read_state
 
 ZOO_V1 = Path(__file__).resolve().parents[1] / "zoo" / "learners" / "demo-sb-tiny"  # format 1
 BUNDLED = [e.name for e in api.zoo() if e.kind == "bundled"]

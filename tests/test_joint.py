@@ -8,7 +8,7 @@ from conftest import write_class_folder
 
 from sbcli import api
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.engine import Engine, TrainConfig
+from sbcli.engine.loop import Engine, TrainConfig
 from sbcli.errors import ConfigError
 from sbcli.methods import joint
 from sbcli.methods.base import TaskContext

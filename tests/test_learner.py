@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from sbcli.errors import LearnerError
-from sbcli.learner import Learner, kept_steps, read_state
-from sbcli.store.layout import FORMAT_VERSION
+from sbcli.learner.state import Learner, kept_steps, read_state
+from sbcli.learner.store.layout import FORMAT_VERSION
 
 ZOO_V1 = Path(__file__).resolve().parents[1] / "zoo" / "learners" / "demo-sb-tiny"
 

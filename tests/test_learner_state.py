@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import LearnerError
-from sbcli.learner import LearnerState, read_state
+from sbcli.learner.state import LearnerState, read_state
 from sbcli.methods.split_bridge import Config as SbConfig
 
 ZOO_V1 = Path(__file__).resolve().parents[1] / "zoo" / "learners" / "demo-sb-tiny"

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from sbcli.errors import ConfigError
-from sbcli.memory import ExemplarMemory, class_quotas, herding_order
+from sbcli.methods.memory import ExemplarMemory, class_quotas, herding_order
 
 
 @pytest.mark.parametrize("budget,classes", [(2000, 30), (2000, 10), (2000, 100), (2000, 7), (20, 3)])

@@ -30,7 +30,7 @@ from sbcli.data.fingerprint import fingerprint
 from sbcli.data.names import shown
 from sbcli.data.sources.folder import load_folder
 from sbcli.export.onnx import metadata
-from sbcli.learner import Learner
+from sbcli.learner.state import Learner
 
 runner = CliRunner()
 EXAMPLES = int(os.environ.get("SBCLI_NAME_EXAMPLES", "15"))

@@ -5,15 +5,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from sbcli import api, evalsets
-from sbcli.engine import Engine, StepOutputs, TrainConfig
+from sbcli import api
+from sbcli.engine.loop import Engine, StepOutputs, TrainConfig
 from sbcli.errors import ConfigError, ExportError
-from sbcli.inference import NME_MEANS, NearestMeanScores, scoring_module
-from sbcli.learner import Learner
-from sbcli.losses import ce_loss, kd_loss
+from sbcli.learner.state import Learner
 from sbcli.methods import nme
+from sbcli.methods.inference import NME_MEANS, NearestMeanScores, scoring_module
+from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods.std import icarl_loss
 from sbcli.nets import create_model
+from sbcli.run import evalsets
 
 
 class Features(torch.nn.Module):

@@ -12,60 +12,17 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from learners import NORM, SIZE, make_learner
 from typer.testing import CliRunner
 
-from sbcli import api, inference
+from sbcli import api
 from sbcli.cli.app import app
 from sbcli.data.sources import load_folder
-from sbcli.engine import Engine, TrainConfig
+from sbcli.engine.loop import Engine, TrainConfig
 from sbcli.errors import ConfigError, ExportError
 from sbcli.export import onnx as onnx_export
-from sbcli.learner import Learner, LearnerState
-from sbcli.memory import ExemplarMemory
-from sbcli.methods import build_config, list_methods
-from sbcli.nets import create_model
-
-SIZE = 16
-NORM = {"mean": [0.45, 0.4, 0.35], "std": [0.25, 0.2, 0.3]}
-
-
-def randomize(model: torch.nn.Module, seed: int) -> None:
-    """Random BatchNorm statistics and head bias, so eval-mode folding is really exercised."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.copy_(torch.rand(m.num_features, generator=gen) - 0.5)
-                m.running_var.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.weight.copy_(torch.rand(m.num_features, generator=gen) + 0.5)
-                m.bias.copy_(torch.rand(m.num_features, generator=gen) - 0.5)
-        model.head.bias.copy_(torch.randn(model.num_classes, generator=gen))
-
-
-def make_learner(method: str = "std", tasks: tuple[int, ...] = (3, 2), exemplars: int = 10, seed: int = 0,
-                 size: int = SIZE) -> Learner:
-    """A learner built directly (no training): random weights, random exemplar images."""
-    torch.manual_seed(seed)
-    names = [f"class_{i}" for i in range(sum(tasks))]
-    owner = [t for t, n in enumerate(tasks) for _ in range(n)]
-    history = [{"step": t + 1, "num_classes": sum(tasks[: t + 1]),
-                "metrics": {"overall": 50.0, "per_task": [50.0] * (t + 1), "old": 40.0, "new": 60.0,
-                            "intra_old": 45.0, "intra_new": 70.0}, "phases": [], "record": {}, "seconds": 1.0}
-               for t in range(len(tasks))]
-    state = LearnerState(arch="resnet18", width=0.125, image_size=size, normalization=NORM, method=method,
-                         method_config=build_config(method, {}), train_config=TrainConfig(epochs=1),
-                         memory={"budget": exemplars, "selection": "random", "seed": 0}, seed=0, class_names=names,
-                         class_task=owner, tasks=[{"classes": [n for n, t in zip(names, owner, strict=True) if t == i],
-                                                  "source": {"kind": "demo"}} for i in range(len(tasks))],
-                         history=history, provenance={"dataset": "synthetic", "sbcli_version": "test"})
-    model = create_model("resnet18", len(names), 0.125)
-    randomize(model, seed)
-    memory = ExemplarMemory(exemplars, "random", 0)
-    if exemplars:
-        gen = torch.Generator().manual_seed(seed + 1)
-        memory.images = torch.randint(0, 256, (exemplars, 3, size, size), dtype=torch.uint8, generator=gen)
-        memory.labels = torch.arange(exemplars) % len(names)
-    return Learner(state, model.eval(), memory)
+from sbcli.learner.state import Learner
+from sbcli.methods import build_config, inference, list_methods
 
 
 def run_onnx(path: Path, images: np.ndarray) -> np.ndarray:

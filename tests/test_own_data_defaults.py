@@ -1,4 +1,4 @@
-"""The own-data defaults (sbcli.config) and the benchmark that chose them (benchmarks/own_data_defaults.py)."""
+"""The own-data defaults (sbcli.config.options) and the benchmark that chose them (benchmarks/own_data_defaults.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sbcli.config import bench_defaults, build_options
+from sbcli.config.options import bench_defaults, build_options
 from sbcli.errors import ConfigError
 from sbcli.methods.base import build_config
 

@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 
 from sbcli import api
 from sbcli.cli.app import app
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError, DataError, ExportError
-from sbcli.learner import Learner, LearnerState
-from sbcli.memory import ExemplarMemory
+from sbcli.learner.state import Learner, LearnerState
 from sbcli.methods import build_config
+from sbcli.methods.memory import ExemplarMemory
 from sbcli.nets import create_model
 
 SIZE = 16

@@ -13,12 +13,13 @@ from fake_hub import FakeHub
 from safetensors.torch import save, save_file
 from typer.testing import CliRunner
 
-from sbcli import api, pretrained
+from sbcli import api
 from sbcli.cli.app import app
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError, ExportError
+from sbcli.hub import pretrained
+from sbcli.hub.zoo import sha256_file
 from sbcli.nets import create_model
-from sbcli.zoo import sha256_file
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 REPO = "timm-like/resnet18-tiny"

@@ -9,12 +9,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from sbcli import api, selection
+from sbcli import api
 from sbcli.cli.app import app
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.engine import Engine, Phase, TrainConfig
+from sbcli.engine import selection
+from sbcli.engine.loop import Engine, Phase, TrainConfig
 from sbcli.errors import ConfigError
-from sbcli.losses import ce_loss
+from sbcli.methods.losses import ce_loss
 from sbcli.nets import create_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -52,7 +53,7 @@ def test_a_phase_keeps_its_best_epoch_on_the_validation_split(monkeypatch):
     scores = iter([40.0, 90.0, 70.0, 90.0, 10.0])
     monkeypatch.setattr(selection.Validator, "score", lambda self, engine, m: next(scores))
     engine = Engine(TrainConfig(batch_size=4), torch.device("cpu"), Normalization(), seed=0, on_progress=snapshot)
-    engine.validator = selection.Validator(data.images[:3], labels[:3], num_classes=3, every=1)
+    engine = engine.for_step(0, selection.Validator(data.images[:3], labels[:3], num_classes=3, every=1))
     report = engine.run(model, data, Phase("base", lambda out: ce_loss(out.logits, out.targets), 5))
     assert report.extra["selected_epoch"] == 4 and report.extra["val_accuracy"] == 90.0  # the later of two ties
     assert report.extra["val_scores"] == [40.0, 90.0, 70.0, 90.0, 10.0]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime
 import pytest
-from test_onnx_export import make_learner
+from learners import make_learner
 from test_serve_providers import CPU, CUDA, TRT, FakeOrt
 from typer.testing import CliRunner
 

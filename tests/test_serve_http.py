@@ -23,12 +23,14 @@ import numpy as np
 import onnx
 import pytest
 import uvicorn
+from learners import make_learner
 from PIL import Image
-from test_onnx_export import make_learner
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app
+from sbcli.errors import ConfigError
 from sbcli.export import onnx as onnx_export
+from sbcli.export.serving import EXPORTER
 from sbcli.serve.app import ServeConfig, Server, create_app
 from sbcli.serve.model import open_onnx
 from sbcli.serve.predict import predict
@@ -236,7 +238,7 @@ def test_serving_a_learner_directory_exports_and_reloads_it(tmp_path: Path, monk
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     learner = make_learner("std", tasks=(3,))
     learner.save(tmp_path / "learner")
-    with running(ServeConfig(str(tmp_path / "learner"), reload_interval_s=0.2)) as (url, _):
+    with running(ServeConfig(str(tmp_path / "learner"), reload_interval_s=0.2, exporter=EXPORTER)) as (url, _):
         meta = call(f"{url}/metadata")[1]
         assert meta["classes"] == ["class_0", "class_1", "class_2"] and meta["source"] == str(tmp_path / "learner")
         assert Path(meta["path"]).parent == tmp_path / "cache" / "sbcli" / "serve"
@@ -246,6 +248,12 @@ def test_serving_a_learner_directory_exports_and_reloads_it(tmp_path: Path, monk
             assert time.monotonic() < deadline, "the server did not reload the learner"
             time.sleep(0.2)
         assert len(meta["classes"]) == 5 and call(f"{url}/predict", png(0), "image/png")[0] == 200
+
+
+def test_serve_opens_a_learner_directory_only_through_the_exporter_it_is_handed(tmp_path: Path) -> None:
+    make_learner("std", tasks=(3,)).save(tmp_path / "learner")
+    with pytest.raises(ConfigError, match="is a learner directory; export it"):
+        Server(ServeConfig(str(tmp_path / "learner"), reload_interval_s=0)).load()
 
 
 def test_cli_refuses_bad_options_in_one_sentence(model: Path, tmp_path: Path) -> None:

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_onnx_export import make_learner
+from learners import make_learner
 from test_serve_http import TIMEOUT, png, running
 
+from sbcli.export.serving import EXPORTER, learner_onnx, open_learner
 from sbcli.serve.app import ServeConfig
 from sbcli.serve.predict import predict
-from sbcli.serve.source import learner_onnx
 
 httpclient = pytest.importorskip("tritonclient.http")
 from tritonclient.utils import InferenceServerException  # noqa: E402
@@ -45,7 +45,7 @@ def images(learner_dir: Path) -> tuple[list[Path], list]:
     for i in range(4):
         (folder / f"img{i}.png").write_bytes(png(i, (16 + 5 * i, 16)))
         files.append(folder / f"img{i}.png")
-    return files, predict(learner_dir, files, top_k=3).predictions
+    return files, predict(learner_dir, files, top_k=3, open_learner=open_learner).predictions
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,7 @@ def served(learner_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("XDG_CACHE_HOME", str(cache))
         learner_onnx(learner_dir)  # the export the server does at startup, done first: its start stays quick
-        with running(ServeConfig(str(learner_dir), reload_interval_s=0)) as (url, server):
+        with running(ServeConfig(str(learner_dir), reload_interval_s=0, exporter=EXPORTER)) as (url, server):
             client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=TIMEOUT)
             deadline = time.monotonic() + 6 * TIMEOUT  # the earlier step is exported first
             while not client.is_server_ready():
@@ -212,7 +212,7 @@ def test_a_new_step_adds_a_version_under_load(tmp_path: Path, monkeypatch: pytes
     learner_onnx(learner)
     body = json.dumps({"inputs": [{"name": "image_bytes", "datatype": "BYTES", "shape": [1],
                                    "data": [base64.b64encode(png(3)).decode()]}]}).encode()
-    with running(ServeConfig(str(learner), reload_interval_s=0.2, max_wait_ms=2)) as (url, server):
+    with running(ServeConfig(str(learner), reload_interval_s=0.2, max_wait_ms=2, exporter=EXPORTER)) as (url, server):
         infer, stop, outcomes = f"{url}/v2/models/{NAME}/infer", threading.Event(), []
 
         def client() -> None:

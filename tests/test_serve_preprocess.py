@@ -15,9 +15,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from learners import make_learner
 from PIL import Image, ImageOps
 from realdata import archive_path, require_archive
-from test_onnx_export import make_learner
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app

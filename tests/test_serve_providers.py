@@ -9,7 +9,7 @@ from pathlib import Path
 
 import onnxruntime
 import pytest
-from test_onnx_export import make_learner
+from learners import make_learner
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app

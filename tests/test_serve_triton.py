@@ -12,7 +12,7 @@ from types import ModuleType
 import numpy as np
 import onnx
 import pytest
-from test_onnx_export import make_learner
+from learners import make_learner
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app

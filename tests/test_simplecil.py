@@ -16,9 +16,9 @@ from typer.testing import CliRunner
 
 from sbcli import api
 from sbcli.cli.app import app
-from sbcli.engine import Engine, TrainConfig
+from sbcli.engine.loop import Engine, TrainConfig
 from sbcli.errors import ConfigError
-from sbcli.learner import Learner
+from sbcli.learner.state import Learner
 from sbcli.methods.simplecil import PROTOTYPES_KEY, class_prototypes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -108,11 +108,12 @@ def test_export_parity_folds_the_prototypes_into_one_linear_layer(simplecil_lear
     graph = onnx.load(str(tmp_path / "model.onnx")).graph
     assert sum(node.op_type in ("MatMul", "Gemm") for node in graph.node) == 1  # the prototype head, no other
     # sb serve reads either form unchanged, and both score alike
+    from sbcli.export.serving import open_learner
     from sbcli.serve.model import open_classifier
 
     images = torch.rand(3, 3, 32, 32).numpy()
     onnx_scores = open_classifier(tmp_path / "model.onnx").scores(images)
-    torch_scores = open_classifier(simplecil_learner, device="cpu").scores(images)
+    torch_scores = open_classifier(simplecil_learner, device="cpu", open_learner=open_learner).scores(images)
     assert abs(onnx_scores - torch_scores).max() < 1e-4 and (abs(onnx_scores) <= 1 + 1e-5).all()  # cosines
 
 

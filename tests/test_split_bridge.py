@@ -11,26 +11,26 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest_data import cifar10_subset, cifar10_zip  # noqa: F401  (fixtures)
 from rich.console import Console
 from typer.testing import CliRunner
 
-from sbcli.cli import render, runs
+from sbcli.cli import render
 from sbcli.cli import train as train_cmd
 from sbcli.cli.app import app
-from sbcli.config import defaults_for
+from sbcli.config import options
+from sbcli.config.options import defaults_for
+from sbcli.config.recipes import list_recipes, load_recipe
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.engine import Engine, Phase, StepOutputs, TrainConfig
+from sbcli.engine.loop import Engine, Phase, StepOutputs, TrainConfig
 from sbcli.errors import ConfigError
-from sbcli.losses import ce_loss, kd_loss
 from sbcli.methods import TaskContext, build_config
 from sbcli.methods.common import frozen_copy
+from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods.split_bridge import Config, bridge_loss, learn_task, separated_loss
 from sbcli.metrics import step_metrics
 from sbcli.nets import create_model
 from sbcli.nets.partition import cross_mask, cross_norm, disconnect, enforce_masks, make_partition, sparsity_paper
 from sbcli.nets.resnet import IncrementalResNet
-from sbcli.recipes import list_recipes, load_recipe
 
 NUM_OLD, NUM_NEW = 3, 2
 ZOO_RECIPES = Path(__file__).resolve().parents[1] / "zoo" / "recipes"
@@ -295,7 +295,7 @@ def test_paper_recipes_build_the_papers_options(source, tasks, tmp_path):
     rho, classes = PAPER[source, tasks]
     data_root = str(tmp_path) if source == "tiny-imagenet" else None
     given = cli_given(source=source, recipe=f"paper-{tasks}", data_root=data_root, out=tmp_path / "run")
-    seq, run, out = runs.build_options(given, defaults_for(source))
+    seq, run, out = options.build_options(given, defaults_for(source))
     assert (seq.source, seq.tasks, seq.order_seed, seq.base) == (source, tasks, 0, None)
     assert run.method == "sb" and run.arch == "resnet18" and run.width == 1.0 and run.memory == 2000
     assert (run.train.epochs, run.train.batch_size, run.train.lr) == (200, 256, 0.1)
@@ -310,7 +310,7 @@ def test_paper_recipes_build_the_papers_options(source, tasks, tmp_path):
 def test_recipe_by_file_without_a_source_and_command_line_overrides(tmp_path):
     path = ZOO_RECIPES / "cifar100-paper-10.toml"
     given = cli_given(recipe=str(path), epochs=3, rho=1.3, phase_epochs="1,2,3")
-    seq, run, _ = runs.build_options(given, defaults_for(None))
+    seq, run, _ = options.build_options(given, defaults_for(None))
     assert seq.source == "cifar100" and seq.tasks == 10 and run.memory == 2000 and run.width == 1.0
     assert run.train.epochs == 3 and run.method_options["rho"] == 1.3
     assert (run.method_options["epochs_a"], run.method_options["epochs_c"]) == (1, 3)
@@ -324,10 +324,10 @@ def test_recipes_are_listed_and_refuse_unknown_keys_and_other_sources(tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('source = "cifar100"\nmethod = "sb"\nrhoo = 1.2\n')
     with pytest.raises(ConfigError, match="rhoo"):
-        runs.build_options(cli_given(recipe=str(bad)), defaults_for(None))
+        options.build_options(cli_given(recipe=str(bad)), defaults_for(None))
     with pytest.raises(ConfigError, match="is for cifar100, not cifar10"):
         recipe = str(ZOO_RECIPES / "cifar100-paper-10.toml")
-        runs.build_options(cli_given(source="cifar10", recipe=recipe), defaults_for("cifar10"))
+        options.build_options(cli_given(source="cifar10", recipe=recipe), defaults_for("cifar10"))
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,13 +15,13 @@ import torch
 from test_learner import ZOO_V1, fake_step, three_steps, tree
 
 from sbcli import api
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import LearnerError
-from sbcli.learner import Learner, kept_steps
-from sbcli.store import commit
-from sbcli.store.commit import FAULT_ENV, FAULT_EXIT
-from sbcli.store.layout import LOCK_INFO
-from sbcli.store.lock import writer_lock
+from sbcli.learner.state import Learner, kept_steps
+from sbcli.learner.store import commit
+from sbcli.learner.store.commit import FAULT_ENV, FAULT_EXIT
+from sbcli.learner.store.layout import LOCK_INFO
+from sbcli.learner.store.lock import writer_lock
 
 
 class Crash(BaseException):
@@ -108,7 +108,7 @@ def test_a_killed_process_at_a_fault_point_leaves_the_old_learner(base, tmp_path
     before = json.loads((target / "learner.json").read_text())
     script = textwrap.dedent(f"""
         import torch
-        from sbcli.learner import Learner
+        from sbcli.learner.state import Learner
         from test_learner import fake_step
         learner = Learner.load({str(target)!r})
         fake_step(learner, 3.0)
@@ -142,7 +142,7 @@ def test_the_lock_of_a_killed_writer_is_taken_over(base, tmp_path):
     script = textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
-        from sbcli.store.lock import writer_lock
+        from sbcli.learner.store.lock import writer_lock
         with writer_lock(Path({str(target)!r}), "add-task"):
             os.kill(os.getpid(), signal.SIGKILL)
     """)
@@ -209,7 +209,7 @@ def test_a_failed_first_train_leaves_no_directory(tmp_path, color_data):
 
 
 def test_a_reader_whose_files_a_writer_deleted_reads_learner_json_again(base, tmp_path, monkeypatch):
-    import sbcli.learner as learner_module
+    import sbcli.learner.state as learner_module
 
     target = tmp_path / "l"
     learner = Learner.load(base)
@@ -251,7 +251,7 @@ def test_a_crash_at_every_point_of_the_first_save_of_a_format_1_learner(tmp_path
 def test_a_directory_that_cannot_be_locked_or_written_is_one_sentence(base, tmp_path, monkeypatch):
     import filelock
 
-    from sbcli.store import lock as lock_module
+    from sbcli.learner.store import lock as lock_module
 
     target = tmp_path / "l"
     Learner.load(base).save(target)

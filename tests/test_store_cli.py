@@ -12,7 +12,7 @@ from test_learner import ZOO_V1, tree
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app
-from sbcli.store.lock import writer_lock
+from sbcli.learner.store.lock import writer_lock
 
 runner = CliRunner()
 SMALL = ["--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu", "--image-size", "16"]

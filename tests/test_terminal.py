@@ -15,12 +15,13 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from sbcli import plots
 from sbcli.cli import progress
 from sbcli.cli.app import app
+from sbcli.learner.state import read_state
 from sbcli.metrics import StepMetrics
-from sbcli.rundirs import next_run_dir, output_dir, run_name
-from sbcli.steps import StepSummary
+from sbcli.run import plots
+from sbcli.run.rundirs import next_run_dir, output_dir, run_name
+from sbcli.run.steps import StepSummary
 
 runner = CliRunner()
 LINE = re.compile(r"^step (\d)/(\d) · phase (\w+) · epoch (\d+)/(\d+) · loss \d+\.\d{4} · [\d,]+ img/s · fp32 · "
@@ -187,7 +188,7 @@ def test_add_task_ends_with_the_same_tables_as_train(grown_run, monkeypatch, tmp
     learner = tmp_path / "learner"
     shutil.copytree(grown_run["learner"], learner)
     last = history(grown_run)[-1]
-    step = StepSummary(3, 4, StepMetrics(**last["metrics"]), 1.0)
+    step = StepSummary(3, 4, StepMetrics(**last["metrics"]), 1.0, state=read_state(learner))  # as api.add_task returns it
     monkeypatch.setattr("sbcli.api.add_task", lambda *a, **k: step)
     res = runner.invoke(app, ["add-task", str(learner), str(tmp_path), "--device", "cpu"])
     assert res.exit_code == 0, res.output
@@ -248,6 +249,6 @@ def test_an_unknown_log_or_a_missing_extra_is_refused_before_any_work(color_data
     out = tmp_path / "never"
     res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(out), "--log", "wandb"])
     assert res.exit_code == 1 and "--log wandb is unknown" in res.stderr and not out.exists()
-    monkeypatch.setattr("sbcli.loggers.importlib", SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: None)))
+    monkeypatch.setattr("sbcli.run.loggers.importlib", SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: None)))
     res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(out), "--log", "mlflow"])
     assert res.exit_code == 1 and 'pip install "sbcli[mlflow]"' in res.stderr and not out.exists()

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from sbcli.threads import prepare
+from sbcli.engine.threads import prepare
 
 
 def _sb(*args: str, **env: str) -> subprocess.CompletedProcess:

@@ -26,11 +26,11 @@ from sbcli import api
 from sbcli.cli.app import app
 from sbcli.data.fingerprint import fingerprint
 from sbcli.data.imageset import ImageSet
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import DataError
-from sbcli.export.card import CardFacts, eval_results, model_card
-from sbcli.export.upload import public_state
-from sbcli.learner import Learner, read_state
+from sbcli.hub.card import CardFacts, eval_results, model_card
+from sbcli.hub.upload import public_state
+from sbcli.learner.state import Learner, read_state
 
 RUN = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
 
@@ -229,7 +229,7 @@ def test_record_checks_refuse_paths_and_bad_fingerprints(trained: dict[str, Path
 
 
 def test_onnx_check_uses_the_carried_sample_where_the_memory_lacks_classes(trained, tmp_path: Path) -> None:
-    from sbcli.memory import ExemplarMemory
+    from sbcli.methods.memory import ExemplarMemory
 
     learner = Learner.load(trained["learner"])
     learner.memory = ExemplarMemory(**learner.state.memory)  # as pulled from a push without --with-memory

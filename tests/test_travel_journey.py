@@ -16,9 +16,9 @@ from conftest_hub import point_hub_client_at
 from fake_hub import FakeHub
 
 from sbcli import api
-from sbcli.engine import TrainConfig
+from sbcli.engine.loop import TrainConfig
 from sbcli.errors import LearnerError
-from sbcli.learner import Learner
+from sbcli.learner.state import Learner
 
 REPO = "tester/travelling"
 A_CLASSES, B_CLASSES = ["red", "green", "blue", "yellow"], ["purple", "cyan"]

@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from sbcli.cli.app import app
 from sbcli.errors import LearnerError
-from sbcli.learner import Learner
-from sbcli.validate import read_safetensors
+from sbcli.learner.state import Learner
+from sbcli.learner.validate import read_safetensors
 
 runner = CliRunner()
 
@@ -196,6 +196,6 @@ def test_a_recorded_source_never_downloads(learner, monkeypatch, tmp_path):
 
 
 def test_a_missing_file_is_left_to_the_caller(tmp_path):
-    # sbcli.learner reads learner.json again when a writer's commit removed the files it named
+    # sbcli.learner.state reads learner.json again when a writer's commit removed the files it named
     with pytest.raises(FileNotFoundError):
         read_safetensors(tmp_path / "gone.safetensors")

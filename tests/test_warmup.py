@@ -1,4 +1,4 @@
-"""Stable early training: the learning-rate warm-up (sbcli.schedule, in the engine) and zero-initialised
+"""Stable early training: the learning-rate warm-up (sbcli.engine.schedule, in the engine) and zero-initialised
 residual BNs (``zero_init_residual``); both recorded in the learner, off in the paper recipes."""
 
 from __future__ import annotations
@@ -11,15 +11,14 @@ import pytest
 import torch
 
 from sbcli import api
-from sbcli.cli import runs
-from sbcli.cli import train as train_cmd
+from sbcli.config import options
 from sbcli.data.device import DeviceData, Normalization
-from sbcli.engine import Engine, Phase, TrainConfig
+from sbcli.engine.loop import Engine, Phase, TrainConfig
+from sbcli.engine.schedule import make_schedule, steps_per_epoch
 from sbcli.errors import ConfigError
-from sbcli.losses import ce_loss
+from sbcli.methods.losses import ce_loss
 from sbcli.nets import create_model
 from sbcli.nets.resnet import BasicBlock
-from sbcli.schedule import make_schedule, steps_per_epoch
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -97,15 +96,15 @@ def test_zero_init_makes_every_residual_block_its_shortcut(arch):
 
 def test_own_data_runs_default_to_warm_up_and_the_paper_recipes_do_not(tmp_path):
     given = {name: None for name in ("recipe", "source", "out")} | {"out": str(tmp_path / "x")}
-    _, run, _ = runs.build_options(given, train_cmd.defaults_for(None))
+    _, run, _ = options.build_options(given, options.defaults_for(None))
     assert run.train.warmup_epochs == 1.0 and not run.train.zero_init_residual  # measured: zero-init stalled the demo
-    _, asked_zero, _ = runs.build_options(given | {"zero_init_residual": True}, train_cmd.defaults_for(None))
+    _, asked_zero, _ = options.build_options(given | {"zero_init_residual": True}, options.defaults_for(None))
     assert asked_zero.train.zero_init_residual
     for recipe in ("paper-10", "paper-2"):
-        _, paper, _ = runs.build_options(given | {"recipe": recipe, "source": "cifar100"}, train_cmd.defaults_for("cifar100"))
+        _, paper, _ = options.build_options(given | {"recipe": recipe, "source": "cifar100"}, options.defaults_for("cifar100"))
         assert paper.train.warmup_epochs == 0.0 and not paper.train.zero_init_residual
-    _, asked, _ = runs.build_options(given | {"recipe": "paper-10", "source": "cifar100", "warmup_epochs": 2.0},
-                                     train_cmd.defaults_for("cifar100"))
+    _, asked, _ = options.build_options(given | {"recipe": "paper-10", "source": "cifar100", "warmup_epochs": 2.0},
+                                     options.defaults_for("cifar100"))
     assert asked.train.warmup_epochs == 2.0
 
 

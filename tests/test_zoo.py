@@ -16,12 +16,12 @@ from typer.testing import CliRunner
 
 from sbcli import api
 from sbcli.cli.app import app
+from sbcli.config.recipes import find_recipe
 from sbcli.data.scenario import class_order
 from sbcli.errors import ConfigError, ExportError
-from sbcli.learner import read_state
+from sbcli.hub.zoo import ZOO_DIRS, ZooEntry, load_index, sha256_file
+from sbcli.learner.state import read_state
 from sbcli.metrics import summary
-from sbcli.recipes import find_recipe
-from sbcli.zoo import ZOO_DIRS, ZooEntry, load_index, sha256_file
 
 INDEX = load_index()
 ENTRIES = list(INDEX.entries.values())

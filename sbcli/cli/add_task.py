@@ -62,24 +62,27 @@ def add_task(
     paths.folder(folder)
     if test is not None:
         paths.folder(test, "test folder")
-    from sbcli import api, distributed, loggers
+    from sbcli import api
     from sbcli.cli import progress, render
     from sbcli.cli.runs import closing_line, keeping_hint
-    from sbcli.learner import read_state
+    from sbcli.engine import distributed
     from sbcli.metrics import history_summary
-    from sbcli.plan import actual_epochs
+    from sbcli.run import loggers
+    from sbcli.run.plan import actual_epochs
 
     main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
     loggers.check_kinds(log or [])
-    state = read_state(learner)
-    reporter = progress.reporter(quiet or not main, every=max(1, (epochs or state.train_config.epochs) // 10))
-    with distributed.session(device), reporter:
-        if main and log:
-            log_options = {"learner": str(learner), "folder": str(folder), "method": state.method,
+    state = api.learner_state(learner)
+    open_logs = None
+    if main and log:
+        log_options = {"learner": str(learner), "folder": str(folder), "method": state.method,
                        "method_config": dataclasses.asdict(state.method_config),
-                           "train": {**dataclasses.asdict(state.train_config), "epochs": epochs or state.train_config.epochs}}
-            before = sum(actual_epochs(state.history))
-            reporter.open_logs = lambda: loggers.open_logs(log, learner, log_options, before)
+                       "train": {**dataclasses.asdict(state.train_config), "epochs": epochs or state.train_config.epochs}}
+        before = sum(actual_epochs(state.history))
+        open_logs = lambda: loggers.open_logs(log, learner, log_options, before)  # noqa: E731
+    reporter = progress.reporter(quiet or not main, every=max(1, (epochs or state.train_config.epochs) // 10),
+                                 open_logs=open_logs)
+    with distributed.session(device), reporter:
         reporter.note(f"Adding the classes of {folder} to {learner}")
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal,
@@ -91,17 +94,18 @@ def add_task(
             reporter.note(note)
     if not main:
         return
-    after = read_state(learner)
+    after = step.state if step.state is not None else api.learner_state(learner)  # the API's answer, as saved
     history = after.history
     result = history_summary(history)
-    if json_out:
-        render.print_json({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(),
-                           "history": history, "summary": result, "notes": step.notes})
-        return
-    for table in render.closing_tables(history, result):
-        render.OUT.print(table)
-    render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
-    hint = keeping_hint(history, after.memory, after.provenance, after.tasks)
-    if hint:
-        render.OUT.print(hint, highlight=False, soft_wrap=True)
-    render.OUT.print(f"Learner {learner} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")
+
+    def show() -> None:
+        for table in render.closing_tables(history, result):
+            render.OUT.print(table)
+        render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
+        hint = keeping_hint(history, after.memory, after.provenance, after.tasks)
+        if hint:
+            render.OUT.print(hint, highlight=False, soft_wrap=True)
+        render.OUT.print(f"Learner {learner} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")
+
+    render.Output(json_out).result({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(),
+                                    "history": history, "summary": result, "notes": step.notes}, show)

@@ -83,7 +83,7 @@ def _log_to_stderr() -> None:
 def main() -> None:
     """The `sb` entry point: the environment torch needs is set before anything imports torch."""
     from sbcli.cli._errors import debugging, report
-    from sbcli.threads import prepare
+    from sbcli.engine.threads import prepare
 
     prepare()
     _log_to_stderr()

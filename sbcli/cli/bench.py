@@ -43,7 +43,7 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 def build_plan(o: dict) -> Any:
     """The BenchPlan of the command's options (None: the default), through the config layer."""
     from sbcli.bench import PAPER_ORDER, BenchPlan
-    from sbcli.config import bench_defaults, build_options
+    from sbcli.config.options import bench_defaults, build_options
 
     o = dict(o)
     methods, tasks, rho = o.pop("methods"), o.pop("tasks"), o.pop("rho")
@@ -87,9 +87,10 @@ def bench(
         result = run_bench(plan, out, plots=plots, on_cell=on_cell, on_progress=reporter, on_step=reporter.step)
         for note in result.notes:
             reporter.note(note)
-    if json_out:
-        render.print_json({**result.table, "files": [str(f) for f in result.files]})
-        return
-    render.OUT.print((out / "table.md").read_text(encoding="utf-8"), markup=False, highlight=False, soft_wrap=True)
-    render.OUT.print(f"Ran {len(result.ran)} cell(s), skipped {len(result.skipped)} finished; wrote "
-                     + ", ".join(str(f) for f in result.files), highlight=False)
+
+    def show() -> None:
+        render.OUT.print((out / "table.md").read_text(encoding="utf-8"), markup=False, highlight=False, soft_wrap=True)
+        render.OUT.print(f"Ran {len(result.ran)} cell(s), skipped {len(result.skipped)} finished; wrote "
+                         + ", ".join(str(f) for f in result.files), highlight=False)
+
+    render.Output(json_out).result({**result.table, "files": [str(f) for f in result.files]}, show)

@@ -101,23 +101,24 @@ def export(
             with reporter.status(f"Pushing {learner} to {to_hub}{memory} (ONNX export and parity check first)"):
                 result["hub"] = api.push(learner, to_hub, with_memory=with_memory, private=private, token=token,
                                          license=license_).to_json()
-    if json_out:
-        render.print_json(result)
-        return
-    for report in (result.get("onnx"), result.get("hub", {}).get("onnx")):
-        if report is not None:
-            render.OUT.print(parity_line(report["parity"]))
-    if "onnx" in result:
-        r = result["onnx"]
-        render.OUT.print(f"Wrote {r['path']} ({r['bytes'] / 1e6:.1f} MB): {r['num_classes']} classes, input [N, 3, "
-                         f"{r['image_size']}, {r['image_size']}] in [0, 1], inference {r['inference']}, "
-                         f"{r['precision']}, opset {r['opset']}")
-    if "hub" in result:
-        h = result["hub"]
-        revisions = " and ".join(f"{name} ({commit[:10]})" for name, commit in h["revisions"].items())
-        render.OUT.print(f"Pushed {', '.join(h['files'])} to {h['url']}: revisions {revisions}")
-        if "main" not in h["revisions"]:
-            render.OUT.print("main was left as it is: it holds a later step of this sequence.")
+
+    def show() -> None:
+        for report in (result.get("onnx"), result.get("hub", {}).get("onnx")):
+            if report is not None:
+                render.OUT.print(parity_line(report["parity"]))
+        if "onnx" in result:
+            r = result["onnx"]
+            render.OUT.print(f"Wrote {r['path']} ({r['bytes'] / 1e6:.1f} MB): {r['num_classes']} classes, input [N, 3, "
+                             f"{r['image_size']}, {r['image_size']}] in [0, 1], inference {r['inference']}, "
+                             f"{r['precision']}, opset {r['opset']}")
+        if "hub" in result:
+            h = result["hub"]
+            revisions = " and ".join(f"{name} ({commit[:10]})" for name, commit in h["revisions"].items())
+            render.OUT.print(f"Pushed {', '.join(h['files'])} to {h['url']}: revisions {revisions}")
+            if "main" not in h["revisions"]:
+                render.OUT.print("main was left as it is: it holds a later step of this sequence.")
+
+    render.Output(json_out).result(result, show)
 
 
 def _check_int8(format_: str, to_hub: str | None, half: bool) -> None:
@@ -164,10 +165,11 @@ def _triton(learner: Path, out: Optional[Path], half: bool, opset: Optional[int]
     repo = out or Path("model_repository")
     with progress.reporter(quiet) as reporter, reporter.status(f"Exporting {learner} to the Triton model repository {repo}"):
         report = api.export_triton(learner, repo, half=half, opset=opset).to_json()
-    if json_out:
-        render.print_json(report)
-        return
-    render.OUT.print(parity_line(report["onnx"]["parity"]))
-    versions = ", ".join(map(str, report["versions"]))
-    render.OUT.print(f"Wrote {report['model_dir']}: {', '.join(report['files'])} (versions {versions}: the learner's kept "
-                     f"steps; {report['onnx']['num_classes']} classes at the latest, dynamic batching); serve it with tritonserver --model-repository={repo}")
+
+    def show() -> None:
+        render.OUT.print(parity_line(report["onnx"]["parity"]))
+        versions = ", ".join(map(str, report["versions"]))
+        render.OUT.print(f"Wrote {report['model_dir']}: {', '.join(report['files'])} (versions {versions}: the learner's kept "
+                         f"steps; {report['onnx']['num_classes']} classes at the latest, dynamic batching); serve it with tritonserver --model-repository={repo}")
+
+    render.Output(json_out).result(report, show)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sbcli.errors import ConfigError, DataError, LearnerError
 
-STATE_FILE = "learner.json"  # sbcli.store.layout.STATE_FILE (that module imports torch)
+STATE_FILE = "learner.json"  # sbcli.learner.store.layout.STATE_FILE (that module imports torch)
 BENCHMARKS = ("demo", "cifar10", "cifar100", "tiny-imagenet")  # sbcli.data.catalog.BENCHMARKS
 
 

@@ -41,26 +41,28 @@ def predict(
     paths.model(model)  # before torch or onnxruntime loads: a mistyped path answers at once
     paths.images(images)
     from sbcli.cli import render
+    from sbcli.export.serving import open_learner
     from sbcli.serve.predict import predict as run_predict
 
-    report = run_predict(model, images, top_k=top_k, batch_size=batch_size, device=device, provider=provider)
-    if json_out:
-        render.print_json(report.to_json())
-        _fail_if_any(report.failed, len(report.predictions), render)
-        return
-    render.ERR.print(f"{model}: {report.kind} on provider {report.provider}", highlight=False)
-    predictions = report.predictions
-    table = render.Table(title=f"{model}: top {min(top_k, len(predictions[0].labels))} of {len(predictions)} images "
-                        f"(provider {report.provider})")
-    table.add_column("image")
-    table.add_column("label")
-    table.add_column("probability", justify="right")
-    table.add_column("next", justify="left")
-    for p in predictions:
-        rest = ", ".join(f"{n} {100 * q:.1f} %" for n, q in zip(p.labels[1:], p.probabilities[1:], strict=True))
-        table.add_row(p.image, p.labels[0], f"{100 * p.probabilities[0]:.1f} %", rest)
-    render.OUT.print(table)
-    _fail_if_any(report.failed, len(predictions), render)
+    report = run_predict(model, images, top_k=top_k, batch_size=batch_size, device=device, provider=provider,
+                         open_learner=open_learner)
+
+    def show() -> None:
+        render.ERR.print(f"{model}: {report.kind} on provider {report.provider}", highlight=False)
+        predictions = report.predictions
+        table = render.Table(title=f"{model}: top {min(top_k, len(predictions[0].labels))} of {len(predictions)} images "
+                            f"(provider {report.provider})")
+        table.add_column("image")
+        table.add_column("label")
+        table.add_column("probability", justify="right")
+        table.add_column("next", justify="left")
+        for p in predictions:
+            rest = ", ".join(f"{n} {100 * q:.1f} %" for n, q in zip(p.labels[1:], p.probabilities[1:], strict=True))
+            table.add_row(p.image, p.labels[0], f"{100 * p.probabilities[0]:.1f} %", rest)
+        render.OUT.print(table)
+
+    render.Output(json_out).result(report.to_json(), show)
+    _fail_if_any(report.failed, len(report.predictions), render)
 
 
 def _fail_if_any(failed: list, predicted: int, render: Any) -> None:

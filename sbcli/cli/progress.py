@@ -2,13 +2,14 @@
 
 - ``live`` (stderr is a terminal): rich bars, one per phase (batches of every epoch, loss,
   images/s, precision) under two overall bars, the step and the whole sequence, each with an ETA
-  from the epochs already run and the planned epochs still to come (:mod:`sbcli.plan`).
+  from the epochs already run and the planned epochs still to come (:mod:`sbcli.run.plan`).
 - ``lines`` (logs, CI, pipes): one line per epoch (the first, every ``every`` epochs and the last
   of each phase) with the same numbers and both ETAs, and a line per finished step.
 - ``quiet`` (``--quiet``): nothing.
 
-A :class:`Reporter` is the ``on_progress`` callback of :func:`sbcli.api.train` and friends. Its
-``on_plan`` and (live only) ``on_batch`` are found by the engine and the API by name.
+A :class:`Reporter` is the ``on_progress`` of :func:`sbcli.api.train` and friends: it implements
+the run's declared callbacks (:class:`sbcli.engine.progress.Progress`), and opens the experiment
+logs it is given (``open_logs``) when the run's plan arrives, once the input has been checked.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn
 
 from sbcli.cli.render import ERR, fmt
+from sbcli.engine.progress import Callbacks
 
 
 def choose_mode(quiet: bool, console: Console = ERR) -> str:
@@ -33,13 +35,14 @@ def choose_mode(quiet: bool, console: Console = ERR) -> str:
     return "live" if console.is_terminal else "lines"
 
 
-def reporter(quiet: bool, every: int = 1, console: Console = ERR) -> Reporter:
+def reporter(quiet: bool, every: int = 1, console: Console = ERR,
+             open_logs: Callable[[], list[Any]] | None = None) -> Reporter:
     """The reporter for this terminal: see the module docstring."""
     mode = choose_mode(quiet, console)
     # The data layer's progress lines (listing, decoding: sbcli.data.progress) follow --quiet too.
     logging.getLogger("sbcli.progress").setLevel(logging.WARNING if mode == "quiet" else logging.NOTSET)
     kind = {"quiet": Reporter, "lines": LineReporter, "live": LiveReporter}[mode]
-    return kind(console=console, every=every)
+    return kind(console=console, every=every, open_logs=open_logs)
 
 
 def clock(seconds: float | None) -> str:
@@ -91,16 +94,16 @@ class Timeline:
         return self.eta(step_plan - step_done), self.eta(seq_plan - seq_done)
 
 
-class Reporter:
+class Reporter(Callbacks):
     """Says nothing (``--quiet``); the base of the other two."""
 
-    def __init__(self, console: Console = ERR, every: int = 1) -> None:
+    def __init__(self, console: Console = ERR, every: int = 1, open_logs: Callable[[], list[Any]] | None = None) -> None:
         self.console = console
         self.every = max(1, every)
         self.timeline = Timeline()
         self.title = "sequence"
-        self.logs: list[Any] = []  # experiment logs (sbcli.loggers), told every epoch and step, closed at exit
-        self.open_logs: Callable[[], list[Any]] | None = None  # opens them once the run's input is checked (on_plan)
+        self.logs: list[Any] = []  # experiment logs (sbcli.run.loggers), told every epoch and step, closed at exit
+        self.open_logs = open_logs  # opens them once the run's input is checked (on_plan)
 
     def __enter__(self) -> Reporter:
         return self
@@ -109,14 +112,14 @@ class Reporter:
         for log in self.logs:
             log.close()
 
-    def __call__(self, event: Any) -> None:
-        """An epoch ended (:class:`sbcli.engine.ProgressEvent`)."""
+    def on_epoch(self, event: Any) -> None:
+        """An epoch ended (:class:`sbcli.engine.progress.ProgressEvent`)."""
         self.show(event)
         for log in self.logs:
             log.epoch(event)
 
     def step(self, summary: Any) -> None:
-        """A step ended and was saved (:class:`sbcli.steps.StepSummary`)."""
+        """A step ended and was saved (:class:`sbcli.run.steps.StepSummary`)."""
         self.show_step(summary)
         for log in self.logs:
             log.step(summary)
@@ -137,7 +140,7 @@ class Reporter:
         """A line for the person watching (what runs, where it writes)."""
 
     def on_start(self, start: Any) -> None:
-        """What the run is about to do (:class:`sbcli.banner.RunBanner`): one line, before the first epoch."""
+        """What the run is about to do (:class:`sbcli.run.banner.RunBanner`): one line, before the first epoch."""
         self.note(start.text())
 
     def set_title(self, text: str) -> None:
@@ -198,8 +201,8 @@ class LineReporter(Reporter):
 class LiveReporter(Reporter):
     """rich bars: the sequence, the step, and one per phase of the step (batches, loss, img/s, precision)."""
 
-    def __init__(self, console: Console = ERR, every: int = 1) -> None:
-        super().__init__(console, every)
+    def __init__(self, console: Console = ERR, every: int = 1, open_logs: Callable[[], list[Any]] | None = None) -> None:
+        super().__init__(console, every, open_logs)
         self.bars = Progress(TextColumn("{task.description}"), BarColumn(bar_width=28), TaskProgressColumn(),
                              TextColumn("{task.fields[info]}"), console=console, refresh_per_second=8,
                              redirect_stdout=False)  # stdout holds the results alone

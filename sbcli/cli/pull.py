@@ -61,10 +61,7 @@ def pull(
 
     if list_:
         entries = [e.to_json() for e in api.zoo(index)]
-        if json_out:
-            render.print_json(entries)
-        else:
-            render.OUT.print(zoo_table(entries))
+        render.Output(json_out).result(entries, lambda: render.OUT.print(zoo_table(entries)))
         return
     if ref is None:
         raise typer.BadParameter("give a zoo name or OWNER/NAME to pull, or --list to see the zoo.", param_hint="REF")
@@ -73,17 +70,18 @@ def pull(
 
         disable_progress_bars()
     report = api.pull(ref, out, index=index, offline=offline, timeout=timeout, token=token)
-    if json_out:
-        render.print_json(report.to_json())
-        return
-    if quiet:
+
+    def show() -> None:
+        if quiet:
+            typer.echo(str(report.path))
+            return
+        checked = f"{len(report.verified)} files verified against the zoo index" if report.verified else "no zoo hashes to check"
+        cache = ", from the local cache" if report.from_cache else ""
+        render.ERR.print(f"Pulled {report.origin}{cache}: {checked}.", highlight=False, soft_wrap=True)
+        for note in report.notes:
+            render.ERR.print(f"Note: {note}.", highlight=False, soft_wrap=True)
+        render.ERR.print(f"Continue with: sb evaluate {report.path}  |  sb add-task {report.path} FOLDER --test FOLDER",
+                         highlight=False, soft_wrap=True)
         typer.echo(str(report.path))
-        return
-    checked = f"{len(report.verified)} files verified against the zoo index" if report.verified else "no zoo hashes to check"
-    cache = ", from the local cache" if report.from_cache else ""
-    render.ERR.print(f"Pulled {report.origin}{cache}: {checked}.", highlight=False, soft_wrap=True)
-    for note in report.notes:
-        render.ERR.print(f"Note: {note}.", highlight=False, soft_wrap=True)
-    render.ERR.print(f"Continue with: sb evaluate {report.path}  |  sb add-task {report.path} FOLDER --test FOLDER",
-                     highlight=False, soft_wrap=True)
-    typer.echo(str(report.path))
+
+    render.Output(json_out).result(report.to_json(), show)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from rich.table import Table
@@ -109,3 +111,17 @@ def print_json(data: Any) -> None:
     """Strict JSON on stdout: NaN (no value, e.g. intra-old at step 1) becomes null; every number is
     exact, as ``learner.json`` keeps it (tables round, JSON does not)."""
     OUT.out(json.dumps(strict(data), indent=2), highlight=False)
+
+
+@dataclass(frozen=True)
+class Output:
+    """Where a command's result goes, decided in one place: its JSON on stdout (``--json``), or
+    what ``show`` renders (tables and lines). Every command with ``--json`` ends through it."""
+
+    json: bool
+
+    def result(self, data: Any, show: Callable[[], None]) -> None:
+        if self.json:
+            print_json(data)
+        else:
+            show()

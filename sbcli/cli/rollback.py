@@ -30,13 +30,14 @@ def rollback(
     from sbcli.cli import render
 
     result = api.rollback(learner, step)
-    if json_out:
-        render.print_json(result)
-        return
-    kept = ", ".join(str(n) for n in result["kept_steps"])
-    if result["step"] == result["previous"]:
-        render.OUT.print(f"{learner} is already at step {step}; nothing changed (kept steps: {kept}).", highlight=False)
-        return
-    render.OUT.print(f"{learner} is at step {step} again ({result['classes']} classes; it was at step "
-                     f"{result['previous']}). Kept steps: {kept}; the next add-task replaces the steps after {step}.",
-                     highlight=False)
+
+    def show() -> None:
+        kept = ", ".join(str(n) for n in result["kept_steps"])
+        if result["step"] == result["previous"]:
+            render.OUT.print(f"{learner} is already at step {step}; nothing changed (kept steps: {kept}).", highlight=False)
+            return
+        render.OUT.print(f"{learner} is at step {step} again ({result['classes']} classes; it was at step "
+                         f"{result['previous']}). Kept steps: {kept}; the next add-task replaces the steps after {step}.",
+                         highlight=False)
+
+    render.Output(json_out).result(result, show)

@@ -1,4 +1,4 @@
-"""Run a `sb train` sequence, rendering as it goes (the options become configs in :mod:`sbcli.config`)."""
+"""Run a `sb train` sequence, rendering as it goes (the options become configs in :mod:`sbcli.config.options`)."""
 
 from __future__ import annotations
 
@@ -7,41 +7,44 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.cli import render
-from sbcli.config import build_options, merge  # noqa: F401  (their old home; the config layer owns them)
 
 
 def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool, quiet: bool = False,
                  log: list[str] | None = None, keep: int | None = None) -> None:
     import dataclasses
 
-    from sbcli import api, distributed, loggers
+    from sbcli import api
     from sbcli.cli import progress
+    from sbcli.engine import distributed
     from sbcli.metrics import history_summary
+    from sbcli.run import loggers
 
     main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
     loggers.check_kinds(log or [])
-    reporter = progress.reporter(quiet or not main, every=max(1, run.train.epochs // 10))
+    open_logs = None
+    if main and log:
+        options = {"sequence": dataclasses.asdict(seq), "run": dataclasses.asdict(run)}
+        open_logs = lambda: loggers.open_logs(log, out, options)  # noqa: E731
+    reporter = progress.reporter(quiet or not main, every=max(1, run.train.epochs // 10), open_logs=open_logs)
     with distributed.session(run.device), reporter:
-        if main and log:
-            options = {"sequence": dataclasses.asdict(seq), "run": dataclasses.asdict(run)}
-            reporter.open_logs = lambda: loggers.open_logs(log, out, options)
         reporter.note(f"Training {run.method} on {seq.source or 'demo'} → {out}")
         learner = api.train(seq, run, out, resume=resume, keep=keep, on_progress=reporter, on_step=reporter.step)
     if not main:
         return
     history = learner.state.history
     result = history_summary(history)
-    if json_out:
-        render.print_json({"learner": str(out), "history": history, "summary": result})
-        return
-    for table in render.closing_tables(history, result):
-        render.OUT.print(table)
-    render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
-    hint = keeping_hint(history, learner.state.memory, learner.state.provenance, learner.state.tasks)
-    if hint:
-        render.OUT.print(hint, highlight=False, soft_wrap=True)
-    render.OUT.print(f"Learner saved to {out} (with history.csv{render.png_note(out)}); "
-                     f"add classes with `sb add-task {out} FOLDER --test FOLDER`.")
+
+    def show() -> None:
+        for table in render.closing_tables(history, result):
+            render.OUT.print(table)
+        render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
+        hint = keeping_hint(history, learner.state.memory, learner.state.provenance, learner.state.tasks)
+        if hint:
+            render.OUT.print(hint, highlight=False, soft_wrap=True)
+        render.OUT.print(f"Learner saved to {out} (with history.csv{render.png_note(out)}); "
+                         f"add classes with `sb add-task {out} FOLDER --test FOLDER`.")
+
+    render.Output(json_out).result({"learner": str(out), "history": history, "summary": result}, show)
 
 
 def _pct(value: float, what: str, missing: str) -> str:

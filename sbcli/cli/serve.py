@@ -52,13 +52,15 @@ def serve(
     """Serve a model over HTTP: /predict, /health, /metadata, the Open Inference Protocol (KServe v2) and /metrics, with dynamic batching and reload."""
     paths.model(model)  # before torch or onnxruntime loads: a mistyped path answers at once
     from sbcli.cli import render
+    from sbcli.export.serving import EXPORTER
     from sbcli.serve.app import ServeConfig
     from sbcli.serve.server import Listen, prepare, run
     from sbcli.serve.versions import model_name
 
     cfg = ServeConfig(str(model), provider, top_k, max_batch_size, max_wait_ms, int(max_request_mb * 2**20),
                       max_images, reload_interval, threads, cuda_graph, trt_fp16, str(trt_cache) if trt_cache else None,
-                      max_image_pixels=round(max_image_megapixels * 1e6), max_request_pixels=round(max_request_megapixels * 1e6))
+                      max_image_pixels=round(max_image_megapixels * 1e6), max_request_pixels=round(max_request_megapixels * 1e6),
+                      exporter=EXPORTER)
     listen = Listen(host, port, workers)
     server = prepare(cfg, listen)
     meta = server.metadata()

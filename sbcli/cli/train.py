@@ -39,14 +39,6 @@ later step, warm-up 1 epoch at lr 0.05 and above, balancing 2 epochs (docs/bench
 "Own-data defaults", has what each costs and buys).
 """
 
-
-def defaults_for(source: str | None) -> dict:
-    """A source's defaults; they live in :func:`sbcli.config.defaults_for` (this name is kept for its callers)."""
-    from sbcli.config import defaults_for as config_defaults
-
-    return config_defaults(source)
-
-
 @friendly_errors
 @with_run_options("train", methods=True)
 def train(
@@ -75,8 +67,8 @@ def train(
     if test is not None:
         paths.folder(test, "test folder")
     from sbcli.cli.runs import run_training
-    from sbcli.config import build_options
-    from sbcli.rundirs import output_dir
+    from sbcli.config.options import build_options
+    from sbcli.run.rundirs import output_dir
 
     given = {k: v for k, v in locals().items() if k not in ("json_out", "run_options", "log", "quiet", "keep")}
     seq, run, out_dir = build_options({**given, **run_options})

@@ -10,7 +10,7 @@ import dataclasses
 
 import torch
 
-from sbcli.data.catalog import Opened, open_spec, spec_image_size
+from sbcli.data.catalog import Opened, spec_image_size
 from sbcli.data.imageset import ImageSet
 from sbcli.errors import ConfigError
 
@@ -24,11 +24,6 @@ def with_image_size(spec: dict, image_size: int | None) -> dict:
     if image_size < MIN_IMAGE_SIZE:
         raise ConfigError(f"--image-size {image_size} is too small; use {MIN_IMAGE_SIZE} pixels or more.")
     return {**spec, "image_size": image_size}
-
-
-def open_sized(spec: dict, train: bool = True, test: bool = True) -> Opened:
-    """``open_spec``, then a benchmark's images resized to the spec's ``image_size`` when it has one."""
-    return resize_opened(open_spec(spec, train=train, test=test), spec)
 
 
 def only_classes(opened: Opened, classes: list[int]) -> Opened:

@@ -10,10 +10,9 @@ found here is only a candidate: it is used when what it holds still has the reco
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
+from sbcli.atomic import write_atomic
 from sbcli.data.sources import DecodeCache
 
 FOLDER = "whereabouts"
@@ -28,10 +27,7 @@ def remember(sha256: str, path: Path, cache: Path | None = None) -> None:
     """Note that the data set with this hash is at ``path`` (written atomically)."""
     target = _file(sha256, cache)
     target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=target.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump({"path": str(Path(path).resolve())}, f)
-    os.replace(tmp, target)
+    write_atomic(target, json.dumps({"path": str(Path(path).resolve())}))
 
 
 def recall(sha256: str, cache: Path | None = None) -> Path | None:

@@ -2,7 +2,7 @@
 
 The graph: float32 RGB images in [0, 1], NCHW at the training resolution with a dynamic batch
 axis (input ``images``) -> the learner's normalisation -> its scoring module from
-:func:`sbcli.inference.scoring_module` (the network with WA folded into the head, or a
+:func:`sbcli.methods.inference.scoring_module` (the network with WA folded into the head, or a
 registered rule such as BiC or nearest-mean with its tensors as constants) -> scores over every
 class seen, in the learner's label order (output ``logits``).
 
@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,10 +33,11 @@ import torch
 from torch import nn
 
 from sbcli import __version__
+from sbcli.atomic import replacing
 from sbcli.data.device import Normalization
 from sbcli.errors import ExportError
-from sbcli.inference import scoring_module
-from sbcli.learner import Learner
+from sbcli.learner.state import Learner
+from sbcli.methods.inference import scoring_module
 from sbcli.serve import preprocess
 from sbcli.serve.providers import require_onnxruntime
 
@@ -277,17 +276,10 @@ def export_onnx(learner: Learner, out: Path, cfg: OnnxConfig = OnnxConfig()) -> 
     add_metadata(proto, meta, learner.state.steps)
     onnx.checker.check_model(proto)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
+    with replacing(out) as tmp:  # a parity failure leaves nothing behind
         onnx.save_model(proto, str(tmp))
-        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0600; follow the umask like open() does
         parity = compare(model, tmp, *check_images(learner, cfg.check_images))
         _require_parity(parity, cfg)
-        os.replace(tmp, out)
-    finally:
-        tmp.unlink(missing_ok=True)
     return OnnxReport(out, out.stat().st_size, learner.state.num_classes, learner.state.image_size,
                       inference_rule(learner), parity, meta["precision"], int(meta["opset"]))
 
@@ -303,15 +295,3 @@ def _require_parity(parity: Parity, cfg: OnnxConfig) -> None:
                           f"of the check images (at least {100 * HALF_ARGMAX:.0f} % needed); nothing was written. "
                           "Export without --half.")
 
-
-def current_umask() -> int:
-    """This process's umask, read without changing it where Linux shows it (else set and restored)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except OSError:
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask

@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
+from sbcli.atomic import current_umask
 from sbcli.errors import ConfigError, ExportError
-from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, current_umask, export_onnx, ort_session
-from sbcli.learner import Learner
+from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, export_onnx, ort_session
+from sbcli.learner.state import Learner
 
 DEFAULT_MIN_AGREEMENT = 0.98
 CALIBRATION_IMAGES = 512

@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sbcli.atomic import current_umask
 from sbcli.data.names import name_bytes
 from sbcli.errors import ConfigError, ExportError
-from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, current_umask, export_onnx
-from sbcli.learner import Learner
+from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, export_onnx
+from sbcli.learner.state import Learner
 
 LABELS_FILE = "labels.txt"
 CONFIG_FILE = "config.pbtxt"

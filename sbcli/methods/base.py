@@ -22,7 +22,7 @@ if TYPE_CHECKING:  # a method file is read without torch (the CLI builds its opt
     import torch
 
     from sbcli.data.device import DeviceData
-    from sbcli.engine import Engine, PhaseReport
+    from sbcli.engine.loop import Engine, PhaseReport
     from sbcli.metrics import StepMetrics
     from sbcli.nets.resnet import IncrementalResNet
 

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 import torch
 
 from sbcli.data.device import DeviceData
-from sbcli.engine import Phase
+from sbcli.engine.loop import Phase
 from sbcli.errors import ConfigError, LearnerError
-from sbcli.losses import ce_loss
 from sbcli.methods.base import TaskContext, TaskResult
 from sbcli.methods.common import kd_ce
+from sbcli.methods.losses import ce_loss
 from sbcli.metrics import top1
 from sbcli.nets.resnet import IncrementalResNet
 

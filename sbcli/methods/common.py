@@ -8,9 +8,9 @@ import dataclasses
 import torch
 from torch import nn
 
-from sbcli.engine import LossFn, Phase, StepOutputs
-from sbcli.losses import ce_loss, kd_ce_loss
+from sbcli.engine.loop import LossFn, Phase, StepOutputs
 from sbcli.methods.base import TaskContext, TaskResult
+from sbcli.methods.losses import ce_loss, kd_ce_loss
 from sbcli.nets.resnet import IncrementalResNet
 
 

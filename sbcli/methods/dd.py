@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from sbcli.data.device import DeviceData
-    from sbcli.engine import PhaseReport, StepOutputs
+    from sbcli.engine.loop import PhaseReport, StepOutputs
 
 INFERENCES = ("wa", "none")
 
@@ -66,7 +66,7 @@ def plan(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
 
 def double_distillation_loss(num_old: int, lam: float):
     """lambda * KD(old logits) + (1 - lambda) * KD(new logits) + (1 - lambda) * CE."""
-    from sbcli.losses import ce_loss, kd_loss
+    from sbcli.methods.losses import ce_loss, kd_loss
 
     def loss(out: StepOutputs) -> torch.Tensor:
         t = out.teacher_logits
@@ -94,7 +94,7 @@ def train_temporary_network(ctx: TaskContext, epochs: int, head_rules: bool = Fa
     Raises:
         ConfigError: the run gives no way to build a second network.
     """
-    from sbcli.engine import Phase
+    from sbcli.engine.loop import Phase
     from sbcli.methods.common import ce, head_rules_phase
 
     if ctx.make_aux_model is None:
@@ -111,7 +111,7 @@ def train_temporary_network(ctx: TaskContext, epochs: int, head_rules: bool = Fa
 @register_method("dd", Config, "double distillation: a temporary new-task network as a second teacher, then WA",
                  INFERENCES, plan)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
-    from sbcli.engine import Phase
+    from sbcli.engine.loop import Phase
     from sbcli.methods.common import PairTeacher, learn_first_task, run_with_wa
 
     if ctx.step == 0:

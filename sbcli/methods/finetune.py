@@ -22,7 +22,7 @@ class Config:
 @register_method("finetune", Config, "CE on new data plus exemplars (lower bound)", ("none",),
                  title="fine-tuning on new data plus exemplars (the lower bound)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
-    from sbcli.engine import Phase
+    from sbcli.engine.loop import Phase
     from sbcli.methods.common import ce, learn_first_task
 
     if ctx.step == 0:

@@ -4,7 +4,7 @@ Each class's mean is taken over the L2-normalised pooled features of its exempla
 horizontal flips, then normalised again (Rebuffi et al. 2017: the paper's normalised features,
 the flips of the authors' code; ``--no-nme-flips`` leaves the flips out, as PyCIL does). The means are rebuilt
 after every memory update, with the model that chose the memory, and kept in the learner as the
-``nme.class_means`` tensor [C_seen, D]; the scoring module of :mod:`sbcli.inference` scores an
+``nme.class_means`` tensor [C_seen, D]; the scoring module of :mod:`sbcli.methods.inference` scores an
 image by the negative squared distance of its normalised features to every mean, so the argmax
 is the nearest mean and slicing the scores by class (intra-old, intra-new) stays meaningful.
 """
@@ -17,7 +17,7 @@ import torch
 from torch.nn import functional as F
 
 from sbcli.errors import ConfigError
-from sbcli.memory import FeatureFn
+from sbcli.methods.memory import FeatureFn
 from sbcli.nets.resnet import IncrementalResNet
 
 MEANS_KEY = "nme.class_means"  # read by the nme/icarl scoring module

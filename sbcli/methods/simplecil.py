@@ -12,7 +12,7 @@ the first task for N epochs, then freezes it; 0 (the default) keeps the backbone
 or loaded (``--pretrained``, or a timm architecture's Hub weights).
 
 The prototypes live in the learner as the ``simplecil.prototypes`` tensor [C_seen, D] (float32);
-the ``prototype`` scoring module of :mod:`sbcli.inference` turns them into one linear layer over
+the ``prototype`` scoring module of :mod:`sbcli.methods.inference` turns them into one linear layer over
 normalised features, which is what ``sb evaluate``, ``sb predict``, ``sb serve`` and the ONNX
 export compute.
 """
@@ -29,7 +29,7 @@ from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, 
 if TYPE_CHECKING:  # torch only inside the functions: the CLI reads this Config without it
     import torch
 
-    from sbcli.engine import Engine
+    from sbcli.engine.loop import Engine
 
 PROTOTYPES_KEY = "simplecil.prototypes"  # read by the ``prototype`` scoring module
 INFERENCE = "prototype"
@@ -104,7 +104,7 @@ def _adapt(ctx: TaskContext, cfg: Config) -> list:
     """APER's adaptation: CE on the first task's images for ``adapt_epochs`` epochs (none: no phase)."""
     if ctx.step > 0 or cfg.adapt_epochs == 0:
         return []
-    from sbcli.engine import Phase
+    from sbcli.engine.loop import Phase
     from sbcli.methods.common import ce, head_rules_phase
 
     phase = head_rules_phase(ctx.model, Phase("adapt", ce, cfg.adapt_epochs), cfg.first_task_rules)

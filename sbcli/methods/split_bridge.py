@@ -19,7 +19,7 @@ from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, 
 if TYPE_CHECKING:
     import torch
 
-    from sbcli.engine import LossFn, StepOutputs
+    from sbcli.engine.loop import LossFn, StepOutputs
     from sbcli.nets.partition import Partition
     from sbcli.nets.resnet import IncrementalResNet
 
@@ -71,7 +71,7 @@ def penalty_of(form: str) -> Penalty:
 def separated_loss(num_old: int, penalty: Penalty | None = None, gamma: float = 0.0,
                    partition: Partition | None = None) -> LossFn:
     """KD (old logits, teacher t-1) + LCE, plus gamma * sparsity in phase A."""
-    from sbcli.losses import kd_loss, localized_ce
+    from sbcli.methods.losses import kd_loss, localized_ce
 
     def loss(out: StepOutputs) -> torch.Tensor:
         total = kd_loss(out.logits[:, :num_old], out.teacher_logits) + localized_ce(out.logits, out.targets, num_old)
@@ -105,7 +105,7 @@ def _epochs(value: int | None, default: int) -> int:
 @register_method("sb", Config, "Split-and-Bridge: split, separated learning, bridge, WA", INFERENCES, plan,
                  title="Split-and-Bridge (Kim & Choi, AAAI 2021)", hub_tag="split-and-bridge")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
-    from sbcli.engine import Phase
+    from sbcli.engine.loop import Phase
     from sbcli.methods.common import learn_first_task, weight_align
     from sbcli.nets.partition import make_partition
 
@@ -126,7 +126,7 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
 
 def _split_phases(ctx: TaskContext, cfg: Config, partition: Partition, result: TaskResult) -> None:
     """Phases A and B with the disconnect between them, then the bridge and phase C."""
-    from sbcli.engine import Phase
+    from sbcli.engine.loop import Phase
     from sbcli.methods.common import frozen_copy, zero_head_bias
     from sbcli.nets.partition import bridge, cross_norm, disconnect, enforce_masks, reset_split_batchnorms
 

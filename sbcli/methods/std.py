@@ -17,7 +17,7 @@ from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, 
 if TYPE_CHECKING:
     import torch
 
-    from sbcli.engine import StepOutputs
+    from sbcli.engine.loop import StepOutputs
 
 INFERENCES = ("wa", "none", "bic", "icarl")
 
@@ -45,7 +45,7 @@ class Config:
 
 def icarl_loss(out: StepOutputs) -> torch.Tensor:
     """iCaRL's training loss as the paper's baseline uses it: CE + KD(old logits), unweighted."""
-    from sbcli.losses import ce_loss, kd_loss
+    from sbcli.methods.losses import ce_loss, kd_loss
 
     num_old = out.teacher_logits.shape[1]
     return kd_loss(out.logits[:, :num_old], out.teacher_logits) + ce_loss(out.logits, out.targets)
@@ -72,7 +72,7 @@ def _learn_bic(ctx: TaskContext, cfg: Config) -> TaskResult:
 
 def _learn_icarl(ctx: TaskContext, cfg: Config) -> TaskResult:
     """CE + KD; the class means that score at inference are refreshed after the memory update."""
-    from sbcli.engine import Phase
+    from sbcli.engine.loop import Phase
 
     phase = Phase("std", icarl_loss, ctx.epochs, teacher=ctx.teacher)
     return TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
@@ -80,7 +80,7 @@ def _learn_icarl(ctx: TaskContext, cfg: Config) -> TaskResult:
 
 def _learn_std(ctx: TaskContext, cfg: Config) -> TaskResult:
     """The STD loss; with ``wa`` the head bias stays zero and the new rows are aligned afterwards."""
-    from sbcli.engine import Phase
+    from sbcli.engine.loop import Phase
     from sbcli.methods.common import kd_ce, run_with_wa
 
     phase = Phase("std", kd_ce(ctx.num_old, ctx.lam), ctx.epochs, teacher=ctx.teacher)

@@ -8,7 +8,7 @@ six tensors, for ResNet-34 its three blocks (the stage-3 output is the shared in
 
 Parameter names follow :class:`~sbcli.nets.resnet.IncrementalResNet`; torchvision's and timm's
 map onto them one to one (``layerN.i`` -> ``stages.N-1.i``, ``downsample.0/1`` ->
-``shortcut``/``shortcut_bn``, ``fc`` -> ``head``): see :func:`sbcli.pretrained.map_timm_keys`.
+``shortcut``/``shortcut_bn``, ``fc`` -> ``head``): see :func:`sbcli.hub.pretrained.map_timm_keys`.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ under sbcli's growing head, so the task loop, the learner files, the export and 
 as any sbcli network. NAME may carry timm's pretrained tag (``resnet18.a1_in1k``,
 ``vit_small_patch16_224.augreg_in21k_ft_in1k``); the weights come from the Hub repository timm
 names for it (``pretrained_cfg["hf_hub_id"]``, e.g. ``timm/resnet18.a1_in1k``) through
-:mod:`sbcli.pretrained`, unless ``--pretrained`` names other safetensors weights. The input
+:mod:`sbcli.hub.pretrained`, unless ``--pretrained`` names other safetensors weights. The input
 resolution and the normalisation statistics are timm's pretrained configuration of NAME (known to
 timm offline); the learner records both.
 

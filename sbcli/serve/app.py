@@ -58,6 +58,7 @@ class ServeConfig:
     trt_cache: str | None = None
     max_image_pixels: int = limits.DEFAULT_MAX_IMAGE_PIXELS  # decoded pixels, checked from the header first
     max_request_pixels: int = limits.DEFAULT_MAX_REQUEST_PIXELS  # also the most decoded at once, server-wide
+    exporter: str | None = None  # the module that exports a learner directory (sbcli.serve.source.LearnerExporter)
 
     def gpu(self) -> Any:
         """The GPU options as :class:`sbcli.serve.gpu.GpuOptions` (None when all are off: the providers' defaults)."""
@@ -101,7 +102,8 @@ class Server:
 
     def load(self) -> None:
         if self.loaded is None:
-            self.loaded = sources.load(self.source, self.cfg.provider, self.cfg.threads, gpu=self.cfg.gpu())
+            self.loaded = sources.load(self.source, self.cfg.provider, self.cfg.threads, gpu=self.cfg.gpu(),
+                                       exporter=self.cfg.exporter)
 
     async def watch(self) -> None:
         """Poll the source; load a changed model beside the old one and swap it in."""
@@ -115,7 +117,8 @@ class Server:
             version = self.loaded.version + 1
             try:
                 new = await loop.run_in_executor(None, functools.partial(sources.load, self.source, self.cfg.provider,
-                                                                         self.cfg.threads, version, gpu=self.cfg.gpu()))
+                                                                         self.cfg.threads, version, gpu=self.cfg.gpu(),
+                                                                         exporter=self.cfg.exporter))
             except SbcliError as err:
                 logger.warning("Kept model version %d: the changed %s did not load (%s)", self.loaded.version, self.source, err)
                 watcher.failed()

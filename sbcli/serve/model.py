@@ -1,10 +1,11 @@
 """A model ready to score images: an ``sb export`` ONNX file in onnxruntime (no torch), or a
-learner directory in PyTorch. Both take the same input (see :mod:`sbcli.serve.preprocess`)."""
+learner directory through the opener its caller hands in (:mod:`sbcli.export.serving`, PyTorch).
+Both take the same input (see :mod:`sbcli.serve.preprocess`)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -111,37 +112,6 @@ class OnnxClassifier:
                 **self.meta.provenance()}
 
 
-@dataclass
-class TorchClassifier:
-    """A learner directory, run in PyTorch (the graph the ONNX file is exported from)."""
-
-    path: Path
-    model: Any  # sbcli.export.onnx.ServingModel
-    class_names: list[str]
-    image_size: int
-    device: Any  # torch.device
-    preprocess: preprocess.Preprocess
-    provenance: dict[str, Any]
-    kind: str = "learner"
-
-    @property
-    def provider(self) -> str:
-        return f"pytorch-{self.device.type}"
-
-    def scores(self, images: np.ndarray) -> np.ndarray:
-        import torch
-
-        from sbcli.device import exact_float32
-
-        with torch.no_grad(), exact_float32(self.device):
-            return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "path": str(self.path), "provider": self.provider, "classes": self.class_names,
-                "input_size": [3, self.image_size, self.image_size], "preprocess": self.preprocess.to_json(),
-                "provenance": self.provenance}
-
-
 def is_learner(path: Path) -> bool:
     return path.is_dir() and (path / "learner.json").is_file()
 
@@ -169,24 +139,16 @@ def open_onnx(path: Path, provider: str = "auto", threads: int | None = None, gp
     return OnnxClassifier(Path(path), session, meta, gpu.describe(chosen) if gpu is not None else chosen, runner=runner)
 
 
-def open_learner(path: Path, device: str = "auto") -> TorchClassifier:
-    """A learner directory in PyTorch on ``device`` (imports torch)."""
-    from sbcli.device import resolve_device
-    from sbcli.export.onnx import serving_model
-    from sbcli.learner import Learner
-
-    dev = resolve_device(device)
-    learner = Learner.load(path, "cpu")
-    s = learner.state
-    return TorchClassifier(Path(path), serving_model(learner).to(dev), list(s.class_names), s.image_size, dev,
-                           preprocess.for_model(s.image_size, s.normalization), dict(s.provenance))
+LearnerOpener = Callable[[Path, str], Classifier]  # (learner directory, device) -> a classifier; the caller's
 
 
-def open_classifier(path: Path, *, device: str = "auto", provider: str = "auto") -> Classifier:
-    """A learner directory (PyTorch on ``device``) or an ``.onnx`` file (onnxruntime on ``provider``).
+def open_classifier(path: Path, *, device: str = "auto", provider: str = "auto",
+                    open_learner: LearnerOpener | None = None) -> Classifier:
+    """A learner directory (``open_learner`` on ``device``: the caller hands in the PyTorch side,
+    :func:`sbcli.export.serving.open_learner`) or an ``.onnx`` file (onnxruntime on ``provider``).
 
     Raises:
-        ConfigError: ``path`` is neither.
+        ConfigError: ``path`` is neither, or a learner directory and no ``open_learner`` was given.
     """
     path = Path(path)
     if is_onnx(path):
@@ -194,5 +156,7 @@ def open_classifier(path: Path, *, device: str = "auto", provider: str = "auto")
     if is_learner(path):
         if provider != "auto":
             raise ConfigError(f"--provider {provider} applies to .onnx files; {path} is a learner: use --device.")
+        if open_learner is None:
+            raise ConfigError(f"{path} is a learner directory; export it with `sb export` to score it here.")
         return open_learner(path, device)
     raise ConfigError(f"{path} is neither a learner directory (with learner.json) nor an .onnx file; give one of those.")

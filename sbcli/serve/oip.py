@@ -219,7 +219,7 @@ class Mounted:
 def mount(server: Any) -> Mounted:
     """The protocol's routes and ``/metrics`` over ``server``; its batcher reports to the metrics."""
     cfg = server.cfg
-    registry = Registry(server.source, cfg.provider, cfg.threads, cfg.gpu())
+    registry = Registry(server.source, cfg.provider, cfg.threads, cfg.gpu(), cfg.exporter)
     holder: list[Protocol] = []
     metrics = Metrics(versions=lambda: holder[0].versions() if holder else [])
     protocol = Protocol(server, registry, metrics)

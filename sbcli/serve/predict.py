@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from sbcli.errors import ConfigError, DataError
-from sbcli.serve.model import Classifier, open_classifier
+from sbcli.serve.model import Classifier, LearnerOpener, open_classifier
 from sbcli.serve.preprocess import IMAGE_EXTENSIONS, Preprocess
 
 MAX_FILE_BYTES = 64 * 2**20  # an image file larger than this is refused before it is read
@@ -162,9 +162,10 @@ def predict_with(classifier: Classifier, files: Sequence[Path], *, k: int = 5,
 
 
 def predict(model: Path, images: Sequence[Path], *, top_k: int = 5, batch_size: int = 64, device: str = "auto",
-            provider: str = "auto") -> PredictReport:
-    """Top-``top_k`` labels and probabilities of every readable image, in the order found; the files that
-    could not be read or decoded are in the report's ``failed``.
+            provider: str = "auto", open_learner: LearnerOpener | None = None) -> PredictReport:
+    """Top-``top_k`` labels and probabilities of every readable image, in the order found (a learner
+    directory through ``open_learner``, which the caller hands in); the files that could not be read or
+    decoded are in the report's ``failed``.
 
     Raises:
         ConfigError: ``model`` is not a learner or ONNX file, or ``top_k``/``batch_size`` < 1.
@@ -174,7 +175,7 @@ def predict(model: Path, images: Sequence[Path], *, top_k: int = 5, batch_size: 
     if top_k < 1 or batch_size < 1:
         raise ConfigError("--top-k and --batch-size must be at least 1.")
     files = find_images(images)
-    classifier = open_classifier(Path(model), device=device, provider=provider)
+    classifier = open_classifier(Path(model), device=device, provider=provider, open_learner=open_learner)
     predictions, failed = predict_with(classifier, files, k=top_k, batch_size=batch_size)
     if not predictions:
         more = f" (and {len(failed) - 1} other files could not be read either)" if len(failed) > 1 else ""

@@ -1,6 +1,6 @@
 """What ``sb serve`` serves, and its reload: an ``.onnx`` file, a Triton model folder written by
 ``sb export --format triton`` (its latest numbered version), or a learner directory exported to a
-cached ONNX file (only that export imports torch).
+cached ONNX file by the exporter its caller names (only that export imports torch).
 
 The watcher polls a signature (the file's, or the learner's ``learner.json``: its commit point):
 when it changed and stayed the same for one more poll (so a file still being written is not
@@ -10,15 +10,14 @@ on the old one. A new model that fails to load is logged and the old one keeps s
 
 from __future__ import annotations
 
-import hashlib
+import importlib
 import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sbcli.errors import ConfigError
-from sbcli.serve.cache import cache_dir
 from sbcli.serve.model import OnnxClassifier, is_learner, is_onnx, open_onnx
 
 logger = logging.getLogger(__name__)
@@ -49,15 +48,28 @@ def signature(source: Path) -> Signature:
     return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def learner_onnx(learner_dir: Path) -> Path:
-    """The learner exported to the serve cache (reused while learner.json is unchanged; imports torch)."""
-    key = hashlib.sha256(str(learner_dir.resolve()).encode() + b"\0" + (learner_dir / "learner.json").read_bytes())
-    out = cache_dir() / f"{learner_dir.resolve().name}-{key.hexdigest()[:16]}.onnx"
-    if not out.is_file():
-        from sbcli import api
+class LearnerExporter(Protocol):
+    """What serving a learner directory needs from the torch side (the module the caller names)."""
 
-        api.export_onnx(learner_dir, out)  # atomic: concurrent workers each write a complete file
-    return out
+    def learner_onnx(self, learner_dir: Path) -> Path:
+        """The learner's current step as an ONNX file (in the serve cache)."""
+
+    def kept_steps(self, learner_dir: Path) -> dict[int, dict[str, str]]:
+        """The kept steps up to the current one, with their files."""
+
+    def step_onnx(self, learner_dir: Path, step: int, files: dict[str, str]) -> Path:
+        """Kept step ``step`` as an ONNX file (in the serve cache)."""
+
+
+def exporter_of(spec: str | None, source: Path) -> LearnerExporter:
+    """The exporter module named ``spec`` (``sbcli.export.serving`` from the CLI), for the learner at ``source``.
+
+    Raises:
+        ConfigError: no exporter was named.
+    """
+    if spec is None:
+        raise ConfigError(f"{source} is a learner directory; export it with `sb export` and serve the .onnx file.")
+    return importlib.import_module(spec)
 
 
 def check_source(source: Path) -> None:
@@ -76,15 +88,23 @@ class Loaded:
     signature: Signature
 
 
-def load(source: Path, provider: str, threads: int | None = None, version: int = 1, gpu: Any = None) -> Loaded:
-    """Open ``source`` (exporting a learner first) on ``provider`` (``gpu``: its GPU options, :mod:`sbcli.serve.gpu`)."""
+def load(source: Path, provider: str, threads: int | None = None, version: int = 1, gpu: Any = None,
+         exporter: str | None = None) -> Loaded:
+    """Open ``source`` on ``provider`` (``gpu``: its GPU options, :mod:`sbcli.serve.gpu`); a learner directory
+    is first exported by ``exporter`` (a module implementing :class:`LearnerExporter`; the caller names it).
+
+    Raises:
+        ConfigError: ``source`` is none of what can be served, or a learner directory and no exporter.
+    """
     check_source(source)
     sig = signature(source)
     if is_triton_model(source):
         versions = triton_versions(source)
         path = versions[max(versions)]
+    elif source.is_dir():
+        path = exporter_of(exporter, source).learner_onnx(source)
     else:
-        path = learner_onnx(source) if source.is_dir() else source
+        path = source
     return Loaded(open_onnx(path, provider, threads, gpu), version, sig)
 
 

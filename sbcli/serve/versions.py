@@ -1,7 +1,7 @@
 """The model versions ``sb serve`` answers on the inference protocol: versions are learner steps.
 
 * a learner directory: every kept step up to the current one (each exported once to the serve
-  cache; the current step is the model ``/predict`` serves);
+  cache, by the exporter the caller names; the current step is the model ``/predict`` serves);
 * a Triton model folder from ``sb export --format triton``: each numbered version in it;
 * an ``.onnx`` file: the step it was exported from (its ``steps`` metadata); a file replaced by
   one of a later step adds a version, by one of the same step replaces it.
@@ -13,8 +13,6 @@ call) before it is listed, so ``ready`` means a request will not wait for a firs
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,9 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from sbcli.serve.cache import cache_dir
 from sbcli.serve.model import OnnxClassifier, is_learner, open_onnx
-from sbcli.serve.source import Loaded, is_triton_model, triton_versions
+from sbcli.serve.source import Loaded, exporter_of, is_triton_model, triton_versions
 
 
 def model_name(source: Path) -> str:
@@ -41,26 +38,6 @@ def step_of(model: OnnxClassifier, fallback: int) -> int:
         return fallback
 
 
-def kept_up_to_current(learner_dir: Path) -> dict[int, dict[str, str]]:
-    """The kept steps of a learner that are not past its current step (a rollback leaves later ones), with their files."""
-    from sbcli.learner import open_stored  # torch: only for a learner directory
-
-    stored = open_stored(learner_dir)
-    return {n: files for n, files in stored.kept.items() if n <= stored.current}
-
-
-def step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
-    """Kept step ``step`` exported to the serve cache (its files never change, so it is exported once)."""
-    key = hashlib.sha256(f"{learner_dir.resolve()}\0{step}\0{json.dumps(files, sort_keys=True)}".encode())
-    out = cache_dir() / f"{learner_dir.resolve().name}-step{step}-{key.hexdigest()[:16]}.onnx"
-    if not out.is_file():
-        from sbcli import api
-
-        out.parent.mkdir(parents=True, exist_ok=True)
-        api.export_onnx(learner_dir, out, step=step, overwrite=True)
-    return out
-
-
 def warm(model: OnnxClassifier) -> None:
     """One call on a black image, so that the first request does not pay onnxruntime's setup."""
     model.scores(np.zeros((1, 3, model.image_size, model.image_size), np.float32))
@@ -74,6 +51,7 @@ class Registry:
     provider: str = "auto"
     threads: int | None = None
     gpu: Any = None  # sbcli.serve.gpu.GpuOptions
+    exporter: str | None = None  # the module that exports a learner's steps (sbcli.serve.source.LearnerExporter)
     versions: dict[int, OnnxClassifier] = field(default_factory=dict)
     failing: str | None = None
     synced: Loaded | None = None
@@ -114,14 +92,14 @@ class Registry:
     def _found(self, loaded: Loaded) -> dict[int, OnnxClassifier]:
         current = step_of(loaded.model, loaded.version)
         if is_learner(self.source):
-            out = {}
-            for number, files in sorted(kept_up_to_current(self.source).items()):
+            exporter, out = exporter_of(self.exporter, self.source), {}
+            for number, files in sorted(exporter.kept_steps(self.source).items()):
                 if number == current:
                     out[number] = loaded.model
                 elif number in self.versions:
                     out[number] = self.versions[number]
                 else:
-                    out[number] = open_onnx(step_onnx(self.source, number, files), self.provider, self.threads, self.gpu)
+                    out[number] = open_onnx(exporter.step_onnx(self.source, number, files), self.provider, self.threads, self.gpu)
             return out
         if is_triton_model(self.source):
             paths = triton_versions(self.source)

@@ -6,8 +6,7 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import safetensors
 import safetensors.torch
 import torch
 
+from sbcli.atomic import replacing, write_atomic
 from sbcli.data import walk
 from sbcli.data.imageset import ImageSet
 
@@ -86,8 +86,9 @@ class DecodeCache:
         tensors = {"images": data.images.contiguous(), "labels": data.labels.contiguous()}
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            _atomic_write(tensor_path, lambda tmp: safetensors.torch.save_file(tensors, tmp))
-            _atomic_write(meta_path, lambda tmp: tmp.write_text(json.dumps(meta), encoding="utf-8"))
+            with replacing(tensor_path) as tmp:
+                safetensors.torch.save_file(tensors, tmp)
+            write_atomic(meta_path, json.dumps(meta))
         except OSError as err:
             # The cache only saves time: a read-only or full disk must not fail the load.
             logger.warning(
@@ -99,18 +100,6 @@ class DecodeCache:
     def _paths(self, key: str) -> tuple[Path, Path]:
         """The tensor file and the metadata file of ``key``."""
         return self.directory / f"{key}.safetensors", self.directory / f"{key}.json"
-
-
-def _atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """Call ``write`` on a temporary file beside ``path``, then move it into place."""
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    tmp = Path(tmp_name)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _entry_from(meta: object, tensors: dict[str, torch.Tensor]) -> tuple[ImageSet, dict[str, Any]] | None:

@@ -1,0 +1,241 @@
+"""The one config layer: what a run is set to, from the source's defaults, a recipe and the options given.
+
+Both faces use it: `sb train` and `sb bench` pass the options a user typed, a notebook calls
+:func:`sbcli.api.options` (or builds the dataclasses itself), so the two cannot disagree.
+Precedence: options given, then the recipe, then the source's defaults (the one table of
+:mod:`sbcli.defaults`, whose ``value`` column the dataclasses take as their own defaults).
+``None`` means "not given" everywhere.
+
+Every setting is a field of one dataclass, and is routed there by its name: the sequence
+(:class:`SequenceOptions`), the run (:class:`RunOptions`), the engine
+(:class:`sbcli.engine.loop.TrainConfig`) or a method's ``Config``. An engine setting is one field, one
+row of the table and one CLI option named after it (``--weight-decay`` for ``weight_decay``,
+:data:`sbcli.cli._options.RUN_OPTIONS`); a method setting is one field of its ``Config``, declared
+with its help (:func:`sbcli.methods.base.option`), and `sb train` offers it. Recipes can set
+either at once, and the learner records it (``train_config`` / ``method_config`` in ``learner.json``).
+
+This module imports torch (through the engine): the CLI imports it inside command bodies.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sbcli.defaults import BENCH_TASKS, DEFAULTS, UNSET, defaults, kind_of
+from sbcli.defaults import base as default_value
+from sbcli.engine.loop import TrainConfig
+from sbcli.errors import ConfigError
+from sbcli.methods import METHODS
+from sbcli.methods.base import balance_epochs
+from sbcli.methods.options import split_together, together_fields
+
+
+def defaults_for(source: str | None) -> dict:
+    """What `sb train SOURCE` uses when an option is not given: the demo's CPU budget, the paper's for
+    benchmarks, a folder's otherwise (:data:`sbcli.defaults.DEFAULTS`)."""
+    return defaults("train", source)
+
+
+def bench_defaults(source: str | None) -> dict:
+    """`sb bench`: the demo's CPU budget for the demo, the paper's budget for everything else; task counts as a list.
+
+    The own-data additions of `sb train` (rows with a ``train`` column) are left to the dataclasses' own
+    defaults, the same table's ``value``: the paper's comparison has neither.
+    """
+    kind = kind_of(source)
+    differs = {name: row.resolve("bench", kind) for name, row in DEFAULTS.items() if row.train is UNSET}
+    return {**differs, "tasks": BENCH_TASKS.resolve("bench", kind)}
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Everything a run is configured with, built once at the boundary."""
+
+    method: str = default_value("method")
+    method_options: dict[str, Any] = field(default_factory=dict)
+    arch: str = default_value("arch")
+    width: float = default_value("width")
+    train: TrainConfig = TrainConfig()
+    memory: int = default_value("memory")
+    selection: str = default_value("selection")
+    seed: int = default_value("seed")
+    device: str = default_value("device")
+    pretrained: str | None = None  # Hub repo OWNER/NAME[@REVISION] or a .safetensors file (sbcli.hub.pretrained)
+    pretrained_sha256: str | None = None
+
+
+@dataclass(frozen=True)
+class SequenceOptions:
+    """What to learn: a source, its class order and its cut into tasks."""
+
+    source: str | None = None
+    test: str | None = None
+    data_root: str | None = None
+    download: bool = False
+    image_size: int | None = None
+    tasks: int | None = None
+    base: int | None = None
+    increment: int | None = None
+    order_seed: int | None = default_value("order_seed")
+    class_order: list[int] | None = None
+    classes: int | None = None  # keep only the first N classes of the class order (a smaller benchmark)
+    test_sample: bool = True  # carry a capped sample of the test images in the learner (False: private data)
+    dataset_name: str | None = None  # what the data is called on the card (default: the folder above train/test)
+
+
+# How fast and where a run goes, not what it computes: a recipe may not set these.
+# Method fields given only through one comma-separated option (sb's --phase-epochs A,B,C gives epochs_a/b/c).
+PHASE_EPOCHS = tuple(f for fields in together_fields().values() for f in fields)
+RUN_CONTROL = frozenset({"out", "resume", "device", "download", "compile", "precision", "threads", "eval_batch_size",
+                         "recipe"})
+
+
+def _fields(cls: type) -> frozenset[str]:
+    return frozenset(f.name for f in dataclasses.fields(cls))
+
+
+def engine_keys() -> frozenset[str]:
+    """The engine's settings (fields of :class:`TrainConfig`)."""
+    return _fields(TrainConfig)
+
+
+def method_keys() -> frozenset[str]:
+    """Every field of every registered method's Config."""
+    return frozenset().union(*(_fields(METHODS.get(name).config) for name in METHODS.names()))
+
+
+def known_keys() -> frozenset[str]:
+    """Every setting a run takes, by name."""
+    run = _fields(RunOptions) - {"train", "method_options"}
+    return _fields(SequenceOptions) | run | engine_keys() | method_keys() | set(together_fields()) | {"out", "resume", "recipe"}
+
+
+def recipe_keys() -> frozenset[str]:
+    """What a recipe may set: every setting that describes the experiment (plus where it was read from)."""
+    return (known_keys() - RUN_CONTROL) | {"recipe_path"}
+
+
+def merge(given: dict, defaults: dict) -> dict:
+    """Given options over the recipe over the defaults (None means not given).
+
+    Raises:
+        ConfigError: the recipe sets something a recipe may not, or is for another source.
+    """
+    from sbcli.config.recipes import load_recipe
+
+    recipe = load_recipe(given["recipe"], given.get("source")) if given.get("recipe") else {}
+    unknown = sorted(set(recipe) - recipe_keys())
+    if unknown:
+        raise ConfigError(f"Recipe {recipe['recipe_path']} sets {', '.join(unknown)}, which are not `sb train` "
+                          "options a recipe may set; rename or remove them.")
+    merged = dict(defaults)
+    merged.update({k: v for k, v in recipe.items() if k != "source"})
+    merged.update({k: v for k, v in given.items() if v is not None})
+    if recipe.get("source") and given.get("source") not in (None, recipe["source"]):
+        raise ConfigError(f"Recipe {given['recipe']} is for {recipe['source']}, not {given['source']}; drop one of them.")
+    merged["source"] = given.get("source") or recipe.get("source")
+    return merged
+
+
+def _frozen_backbone(o: dict, given: dict) -> None:
+    """A method's own run defaults (SimpleCIL: no exemplars unless asked); a timm architecture only for a method
+    whose backbone stays frozen (the others train sbcli's own ResNets: S&B needs their partition)."""
+    from sbcli.nets.timm_backbone import is_timm_arch
+
+    spec = METHODS.get(o.get("method") or RunOptions.method)
+    for key, value in spec.run_defaults:
+        if given.get(key) is None:
+            o[key] = value
+    if not is_timm_arch(o.get("arch")):
+        return
+    if not spec.frozen_backbone:
+        frozen = ", ".join(n for n in METHODS.names() if METHODS.get(n).frozen_backbone)
+        raise ConfigError(f"--arch {o['arch']} is a timm backbone, which only frozen-backbone methods (--method "
+                          f"{frozen}) take: --method {spec.name} trains sbcli's own ResNets (S&B needs their "
+                          "partition); pick --arch resnet18, resnet32, resnet18-in or resnet34-in.")
+    if given.get("width") is None:
+        o["width"] = 1.0  # timm builds the network at its own width (the demo's default 0.25 does not apply)
+
+
+LOW_LR_NO_WARMUP = 0.05  # in `sb train`, a default warm-up runs only at --lr 0.05 and above
+NEVER_CLAMP = ("icarl", "bic")  # inference rules whose reference code never clamps the head
+
+
+def _own_data_rules(o: dict, given: dict, own: bool) -> None:
+    """Defaults that depend on other settings (docs/benchmarks.md, "Own-data defaults"); what was asked never changes.
+
+    - a method option the table defaults that the chosen method does not take (``--wa-clip`` for sb), or that its
+      inference rule does not take (``--wa-clip`` away from WA), is dropped, not refused;
+    - ``own`` (`sb train` on a folder or the demo): no warm-up by default below --lr 0.05 (it lifted the first task
+      at lr 0.1; at lr 0.01 it only takes epochs at full rate), and no step-1 head rules under iCaRL or BiC unless
+      asked (their own code never clamps the head).
+    """
+    asked = {k for k, v in given.items() if v is not None}
+    spec = METHODS.get(o.get("method") or RunOptions.method) if (o.get("method") or RunOptions.method) in METHODS.names() else None
+    for name in method_keys() & DEFAULTS.keys() - asked:
+        takes = spec is not None and name in _fields(spec.config)
+        if not takes or (name == "wa_clip" and o.get("inference") not in (None, "wa")):
+            o[name] = None
+    if not own:
+        return
+    if "warmup_epochs" not in asked and o.get("warmup_epochs") == DEFAULTS["warmup_epochs"].train \
+            and float(o.get("lr") or default_value("lr")) < LOW_LR_NO_WARMUP:
+        o["warmup_epochs"] = 0.0
+    if o.get("inference") in NEVER_CLAMP and "first_task_rules" not in asked:
+        o["first_task_rules"] = False
+
+
+def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOptions, RunOptions, Path | None]:
+    """(SequenceOptions, RunOptions, out) from options by name; keys that are no setting are ignored.
+
+    Args:
+        given: the options given (None: not given), e.g. a command's parameters.
+        defaults: below the recipe; None: :func:`defaults_for` the given source.
+
+    Raises:
+        ConfigError: a value is malformed (``--milestones``, ``--phase-epochs``) or refused.
+    """
+    o = merge(given, defaults_for(given.get("source")) if defaults is None else defaults)
+    _frozen_backbone(o, given)
+    _own_data_rules(o, given, own=defaults is None and kind_of(o.get("source")) != "paper")
+    method_options = {k: o.get(k) for k in sorted(method_keys())}
+    for name in together_fields():  # sb's --phase-epochs A,B,C
+        method_options |= split_together(name, o.get(name))
+    if o.get("balance_epochs"):  # none under an inference rule that takes none (BiC): a default dropped, an asked one refused
+        o["balance_epochs"] = balance_epochs(o.get("method") or RunOptions.method, method_options, o["balance_epochs"],
+                                             asked=bool(given.get("balance_epochs")))
+    engine = {k: o[k] for k in engine_keys() if o.get(k) is not None}
+    if "milestones" in engine:
+        engine["milestones"] = _fractions(engine["milestones"])
+    order_seed = None if o.get("order_seed") == -1 else o.get("order_seed")
+    seq = SequenceOptions(source=o["source"], test=_str(o.get("test")), data_root=_str(o.get("data_root")),
+                          download=bool(o.get("download", False)), image_size=o.get("image_size"),
+                          tasks=None if o.get("base") else o.get("tasks"), base=o.get("base"),
+                          increment=o.get("increment"), order_seed=order_seed, class_order=o.get("class_order"),
+                          classes=o.get("classes"),
+                          test_sample=bool(o.get("test_sample", True)) and not o.get("no_test_sample", False),
+                          dataset_name=o.get("dataset_name"))
+    run_fields = _fields(RunOptions) - {"train", "method_options"}
+    run = RunOptions(method_options=method_options, train=TrainConfig(**engine),
+                     **{k: o[k] for k in run_fields if o.get(k) is not None})
+    return seq, run, None if o.get("out") is None else Path(o["out"])
+
+
+def _fractions(value: Any) -> tuple[float, ...]:
+    """``--milestones 0.3,0.6,0.8`` (or a recipe's list) as fractions of a phase's epochs."""
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        fractions = tuple(float(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--milestones takes fractions of the epochs separated by commas, e.g. 0.3,0.6,0.8; "
+                          f"got {value!r}.") from None
+    if not all(0 < f <= 1 for f in fractions):
+        raise ConfigError(f"--milestones are fractions of a phase's epochs, in (0, 1]; got {value!r}.")
+    return fractions
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)

@@ -1,0 +1,1 @@
+"""The engine: one training loop, its schedule, best-epoch selection, devices, processes, threads."""

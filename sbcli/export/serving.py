@@ -1,0 +1,110 @@
+"""What serving a learner directory needs from the torch side, handed to :mod:`sbcli.serve` by the CLI.
+
+:mod:`sbcli.serve` holds only onnxruntime, numpy and Pillow. A learner directory is the one thing
+it cannot open alone, so the caller hands it in:
+
+- ``sb predict LEARNER``: :func:`open_learner`, the learner run in PyTorch (the graph the ONNX
+  file is exported from);
+- ``sb serve LEARNER``: :data:`EXPORTER`, this module's name: it implements
+  :class:`sbcli.serve.source.LearnerExporter` (:func:`learner_onnx`, :func:`kept_steps`,
+  :func:`step_onnx`: the learner and each kept step exported to the serve cache). A name rather
+  than the functions, because each ``--workers`` process finds it again from its configuration.
+
+Nothing here imports torch until a learner is opened.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sbcli.serve import preprocess
+from sbcli.serve.cache import cache_dir
+
+EXPORTER = "sbcli.export.serving"
+
+
+@dataclass
+class TorchClassifier:
+    """A learner directory, run in PyTorch (the graph the ONNX file is exported from)."""
+
+    path: Path
+    model: Any  # sbcli.export.onnx.ServingModel
+    class_names: list[str]
+    image_size: int
+    device: Any  # torch.device
+    preprocess: preprocess.Preprocess
+    provenance: dict[str, Any]
+    kind: str = "learner"
+
+    @property
+    def provider(self) -> str:
+        return f"pytorch-{self.device.type}"
+
+    def scores(self, images: np.ndarray) -> np.ndarray:
+        import torch
+
+        from sbcli.engine.device import exact_float32
+
+        with torch.no_grad(), exact_float32(self.device):
+            return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": str(self.path), "provider": self.provider, "classes": self.class_names,
+                "input_size": [3, self.image_size, self.image_size], "preprocess": self.preprocess.to_json(),
+                "provenance": self.provenance}
+
+
+def open_learner(path: Path, device: str = "auto") -> TorchClassifier:
+    """A learner directory in PyTorch on ``device`` (imports torch)."""
+    from sbcli.engine.device import resolve_device
+    from sbcli.export.onnx import serving_model
+    from sbcli.learner.state import Learner
+
+    dev = resolve_device(device)
+    learner = Learner.load(path, "cpu")
+    s = learner.state
+    return TorchClassifier(Path(path), serving_model(learner).to(dev), list(s.class_names), s.image_size, dev,
+                           preprocess.for_model(s.image_size, s.normalization), dict(s.provenance))
+
+
+def learner_onnx(learner_dir: Path) -> Path:
+    """The learner exported to the serve cache (reused while learner.json is unchanged; imports torch)."""
+    key = hashlib.sha256(str(learner_dir.resolve()).encode() + b"\0" + (learner_dir / "learner.json").read_bytes())
+    out = cache_dir() / f"{learner_dir.resolve().name}-{key.hexdigest()[:16]}.onnx"
+    if not out.is_file():
+        from sbcli.export.onnx import OnnxConfig, export_onnx
+        from sbcli.learner.state import Learner
+        from sbcli.learner.store.outputs import check_output_file
+
+        check_output_file(out, overwrite=False)
+        export_onnx(Learner.load(learner_dir, "cpu"), out, OnnxConfig())  # atomic: concurrent workers each write a complete file
+    return out
+
+
+def kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
+    """The kept steps of a learner that are not past its current step (a rollback leaves later ones), with their files."""
+    from sbcli.learner.state import open_stored
+
+    stored = open_stored(learner_dir)
+    return {n: files for n, files in stored.kept.items() if n <= stored.current}
+
+
+def step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
+    """Kept step ``step`` exported to the serve cache (its files never change, so it is exported once)."""
+    key = hashlib.sha256(f"{learner_dir.resolve()}\0{step}\0{json.dumps(files, sort_keys=True)}".encode())
+    out = cache_dir() / f"{learner_dir.resolve().name}-step{step}-{key.hexdigest()[:16]}.onnx"
+    if not out.is_file():
+        from sbcli.export.onnx import OnnxConfig, export_onnx
+        from sbcli.learner.state import Learner
+        from sbcli.learner.store.outputs import check_output_file
+
+        out.parent.mkdir(parents=True, exist_ok=True)
+        check_output_file(out, overwrite=True)
+        export_onnx(Learner.load(learner_dir, "cpu", step), out, OnnxConfig())
+    return out

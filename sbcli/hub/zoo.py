@@ -1,0 +1,179 @@
+"""The zoo: pretrained task sequences by name (``zoo/index.toml``) and the recipes that made them.
+
+Each ``[entries.NAME]`` table says what the learner is (dataset, class order, classes per task,
+method, inference rule, network), where it lives, the SHA-256 of every file to verify after
+download, the recipe (``zoo/recipes/NAME.toml``) that trained it and the metrics that run
+measured. Where it lives is one of:
+
+* ``bundled:learners/NAME``: shipped inside sbcli (``zoo/learners/``), so ``sb pull`` works offline;
+* ``hub:OWNER/NAME`` with a ``revision``: a Hugging Face Hub repository;
+* ``unpublished``: not published anywhere; ``build`` is the command that makes it from its recipe.
+
+An entry never claims a location it does not have: the tests check every bundled entry's files
+and hashes, and an unpublished entry has no files.
+
+The index is found inside the installed package (``sbcli/_zoo``, force-included by the wheel) or
+in the source tree (``zoo/``), the same way :mod:`sbcli.config.recipes` finds recipes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from sbcli.errors import ConfigError, UnknownNameError
+
+ZOO_DIRS = (Path(__file__).resolve().parents[1] / "_zoo", Path(__file__).resolve().parents[2] / "zoo")
+INDEX_FILE = "index.toml"
+INDEX_FORMAT = 1
+NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
+KINDS = ("bundled", "hub", "unpublished")
+
+
+@dataclass(frozen=True)
+class ZooEntry:
+    """One pretrained task sequence of the index (see the module docstring for the fields)."""
+
+    name: str
+    description: str
+    dataset: str
+    class_order: list[str] | str  # the class names in learning order, or how the order is drawn
+    tasks: list[int]  # classes learned at each step
+    method: str
+    inference: str
+    network: str
+    image_size: int
+    recipe: str
+    location: str
+    build: str
+    revision: str | None = None
+    files: dict[str, str] = field(default_factory=dict)  # file name -> sha256 hex
+    metrics: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return self.location.split(":", 1)[0]
+
+    @property
+    def target(self) -> str:
+        """What follows ``bundled:`` or ``hub:``; empty for unpublished entries."""
+        return self.location.split(":", 1)[1] if ":" in self.location else ""
+
+    @property
+    def num_classes(self) -> int:
+        return sum(self.tasks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "description": self.description, "dataset": self.dataset, "kind": self.kind,
+                "location": self.location, "revision": self.revision, "classes": self.num_classes,
+                "tasks": self.tasks, "method": self.method, "inference": self.inference, "network": self.network,
+                "image_size": self.image_size, "recipe": self.recipe, "build": self.build,
+                "class_order": self.class_order, "files": self.files, "metrics": self.metrics}
+
+
+@dataclass(frozen=True)
+class ZooIndex:
+    """The parsed index and the folder it came from (bundled locations are relative to it)."""
+
+    folder: Path
+    entries: dict[str, ZooEntry]
+
+    def get(self, name: str) -> ZooEntry:
+        """The entry ``name``; raises UnknownNameError (with a suggestion) when there is none."""
+        if name not in self.entries:
+            raise UnknownNameError("zoo entry", name, list(self.entries))
+        return self.entries[name]
+
+    def bundled_dir(self, entry: ZooEntry) -> Path:
+        """The folder of a bundled entry, which must lie inside the zoo folder."""
+        rel = PurePosixPath(entry.target)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise ConfigError(f"Zoo entry {entry.name} points outside the zoo ({entry.location}); fix the index.")
+        return self.folder / rel
+
+    def recipe_path(self, entry: ZooEntry) -> Path:
+        return self.folder / "recipes" / f"{entry.recipe}.toml"
+
+
+def default_index_path() -> Path:
+    """``index.toml`` of the installed package, else of the source tree."""
+    for folder in ZOO_DIRS:
+        if (folder / INDEX_FILE).is_file():
+            return folder / INDEX_FILE
+    raise ConfigError("The zoo index is missing from this sbcli installation; reinstall sbcli.")
+
+
+def load_index(path: Path | None = None) -> ZooIndex:
+    """Read and check a zoo index (the bundled one by default).
+
+    Raises:
+        ConfigError: the file is missing, not TOML, of a newer format, or has an invalid entry.
+    """
+    path = Path(path) if path is not None else default_index_path()
+    if not path.is_file():
+        raise ConfigError(f"Zoo index {path} does not exist; check the path given to --index.")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"Zoo index {path} is not valid TOML ({err}); fix the file.") from err
+    if data.get("format", INDEX_FORMAT) > INDEX_FORMAT:
+        raise ConfigError(f"Zoo index {path} has format {data['format']}, newer than this sbcli reads; upgrade sbcli.")
+    entries = {name: parse_entry(name, table, path) for name, table in data.get("entries", {}).items()}
+    return ZooIndex(path.parent, entries)
+
+
+def parse_entry(name: str, table: dict[str, Any], path: Path) -> ZooEntry:
+    """One ``[entries.NAME]`` table as a checked :class:`ZooEntry`."""
+    if not NAME.fullmatch(name):
+        raise ConfigError(f"Zoo entry name '{name}' in {path} must be lower-case letters, digits, '.', '_' or '-'.")
+    try:
+        entry = ZooEntry(name=name, **table)
+    except TypeError as err:
+        raise ConfigError(f"Zoo entry {name} in {path} has missing or unknown fields ({err}); fix the index.") from err
+    problem = _entry_problem(entry)
+    if problem:
+        raise ConfigError(f"Zoo entry {name} in {path} {problem}; fix the index.")
+    return entry
+
+
+def _entry_problem(entry: ZooEntry) -> str:
+    """Why an entry is inconsistent, or "" when it is fine."""
+    if entry.kind not in KINDS:
+        return f"has location '{entry.location}'; use bundled:PATH, hub:OWNER/NAME or unpublished"
+    if entry.kind == "unpublished" and (entry.files or entry.revision or entry.target):
+        return "is unpublished but lists files, a revision or a target"
+    if entry.kind == "hub" and not entry.revision:
+        return "is on the Hub but names no revision"
+    if entry.kind == "bundled" and not entry.files:
+        return "is bundled but lists no file hashes"
+    if entry.kind != "unpublished" and not isinstance(entry.class_order, list):
+        return "is published but does not list its class names in class_order"
+    if isinstance(entry.class_order, list) and len(entry.class_order) != entry.num_classes:
+        return f"lists {len(entry.class_order)} classes in class_order but its tasks add up to {entry.num_classes}"
+    if any(not re.fullmatch(r"[0-9a-f]{64}", h) for h in entry.files.values()):
+        return "has a file hash that is not a SHA-256 hex digest"
+    return ""
+
+
+def sha256_file(path: Path) -> str:
+    """The SHA-256 hex digest of a file, read in 1 MiB chunks."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def mismatched_files(folder: Path, expected: dict[str, str]) -> list[str]:
+    """The files of ``expected`` that are missing from ``folder`` or differ from their SHA-256."""
+    return [name for name, digest in sorted(expected.items())
+            if not (folder / name).is_file() or sha256_file(folder / name) != digest]
+
+
+def hash_error(bad: list[str], origin: str) -> str:
+    return (f"{', '.join(bad)} from {origin} does not match the zoo index (missing, corrupted or tampered with); "
+            "nothing was installed.")

@@ -1,0 +1,249 @@
+"""The persisted learner: a directory readable without unpickling anything.
+
+| file | holds |
+|---|---|
+| ``learner.json`` | the commit point: format version, network, input size, normalisation, classes and their tasks, method and hyperparameters, partition, history, provenance, and the files of every kept step |
+| ``steps/NNNN/model.safetensors`` | network weights after step NNNN (head sized to the classes seen) plus method state (e.g. NME class means) |
+| ``steps/NNNN/memory.safetensors`` | exemplar images (uint8, training resolution) and their labels |
+| ``steps/NNNN/test-sample.safetensors`` | the carried test sample: held-out test images of every class (``sbcli.learner.test_sample``) |
+| ``steps/NNNN/state.json`` | the state at that step (for ``--step N`` and ``sb rollback``) |
+
+Saves go through :mod:`sbcli.learner.store.commit` (new files under new names, fsync, one rename of
+``learner.json``), so a crash leaves the previous learner or the new one, never a mix; loads read
+``learner.json`` once and then only the immutable files it names. Format 1 (files at the root) is
+still read.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save as safetensors_bytes
+
+from sbcli.data.device import Normalization
+from sbcli.engine.loop import TrainConfig
+from sbcli.errors import LearnerError
+from sbcli.jsonutil import config_from_json
+from sbcli.learner import test_sample as carried_sample
+from sbcli.learner import validate
+from sbcli.learner.store import legacy
+from sbcli.learner.store.commit import commit_step, write_flat
+from sbcli.learner.store.layout import FORMAT_VERSION, Stored, read_stored
+from sbcli.learner.test_sample import CarriedSample
+from sbcli.methods.memory import ExemplarMemory
+from sbcli.nets import create_model
+from sbcli.nets.resnet import IncrementalResNet
+
+EXTRA_PREFIX = "extra."
+
+@dataclass
+class LearnerState:
+    """The JSON half of a learner (everything but tensors), typed where a run reads it.
+
+    ``method_config`` is the method's ``Config`` and ``train_config`` the engine's
+    :class:`TrainConfig`; :meth:`to_json` and :meth:`from_json` are the one way between this and
+    ``learner.json``.
+    """
+
+    arch: str
+    width: float
+    image_size: int
+    normalization: dict
+    method: str
+    method_config: Any  # the method's Config (sbcli.methods)
+    train_config: TrainConfig
+    memory: dict  # budget, selection, seed
+    seed: int
+    class_names: list[str] = field(default_factory=list)
+    class_task: list[int] = field(default_factory=list)
+    tasks: list[dict] = field(default_factory=list)  # per step: classes, train and test source
+    history: list[dict] = field(default_factory=list)  # per step: metrics, phases, records
+    plan: dict | None = None  # a whole sequence: source and scenario, for --resume
+    provenance: dict = field(default_factory=dict)
+    test_sample: dict = field(default_factory=dict)  # the carried test sample: cap, images per class, declined tasks
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.class_names)
+
+    def to_json(self) -> dict[str, Any]:
+        """The object ``learner.json`` (and each step's ``state.json``) holds."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        data["method_config"] = dataclasses.asdict(self.method_config)
+        data["train_config"] = dataclasses.asdict(self.train_config)
+        return copy.deepcopy(data)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LearnerState:
+        """The state of a checked ``learner.json`` object, of any format this version reads.
+
+        A setting that an older learner does not record takes the value the dataclass gives it
+        (the ``value`` column of :data:`sbcli.defaults.DEFAULTS`: the paper's, which is what the
+        engine did before the setting existed); lists come back as the tuples they were.
+
+        Raises:
+            TypeError: a field the state does not have (the caller says the file is damaged).
+            ConfigError: a method setting its method refuses.
+        """
+        from sbcli.methods import METHODS
+
+        typed = {**data, "train_config": config_from_json(TrainConfig, data["train_config"]),
+                 "method_config": config_from_json(METHODS.get(data["method"]).config, data["method_config"])}
+        return cls(**typed)
+
+    @property
+    def steps(self) -> int:
+        return len(self.history)
+
+
+@dataclass
+class Learner:
+    """A model, its exemplar memory and its state; see the module docstring for the format."""
+
+    state: LearnerState
+    model: IncrementalResNet
+    memory: ExemplarMemory
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    test_sample: CarriedSample | None = None
+
+    @property
+    def norm(self) -> Normalization:
+        return Normalization.from_json(self.state.normalization)
+
+    def save(self, path: Path, keep: int | None = None) -> None:
+        """Commit the learner's current step to ``path`` (see :func:`sbcli.learner.store.commit.commit_step`).
+
+        ``keep``: keep only the last N steps (default: the learner's stored setting, all for a new one).
+        The caller holds the writer lock when ``path`` may have other writers.
+        """
+        commit_step(Path(path), self._payload(), self.state.to_json(), keep)
+
+    def publish(self, folder: Path) -> None:
+        """Write the current step alone into the new folder ``folder``, files at the root (for the Hub)."""
+        write_flat(Path(folder), self._payload(), self.state.to_json())
+
+    def _payload(self) -> dict[str, bytes]:
+        """The per-step files other than the state, as bytes (keys of ``sbcli.learner.store.layout.STEP_FILES``)."""
+        tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        tensors.update({EXTRA_PREFIX + k: v.detach().cpu().contiguous() for k, v in self.extra.items()})
+        images, labels = self.memory.tensors()
+        payload = {"model": safetensors_bytes(tensors),
+                   "memory": safetensors_bytes({"images": images.contiguous(), "labels": labels.contiguous()})}
+        if self.test_sample is not None:
+            payload["test_sample"] = safetensors_bytes(self.test_sample.tensors())
+        return payload
+
+    @classmethod
+    def load(cls, path: Path, device: torch.device | str = "cpu", step: int | None = None) -> "Learner":
+        """Read a learner directory (no pickle), at its current step or at kept step ``step``.
+
+        Raises:
+            LearnerError: no learner, a missing or malformed file, a newer format, or a step not kept.
+        """
+        path = Path(path)
+        stored = open_stored(path)
+        try:
+            return cls._read(stored, device, step)
+        except FileNotFoundError as err:
+            # a writer may have committed and deleted the files this reading named: read learner.json again once
+            again = open_stored(path)
+            if again.raw == stored.raw:
+                raise _missing(path, err) from err
+        try:
+            return cls._read(again, device, step)
+        except FileNotFoundError as err:
+            raise _missing(path, err) from err
+
+    @classmethod
+    def _read(cls, stored: Stored, device: torch.device | str, step: int | None) -> "Learner":
+        files = stored.step_files(step)
+        root = stored.root
+        state = _step_state(stored, step)
+        tensors = _tensors(stored, files["model"])
+        validate.check_model_tensors(tensors, state, root / files["model"])  # before any network is built
+        model = create_model(state.arch, state.num_classes, state.width)
+        extra = {k[len(EXTRA_PREFIX):]: v for k, v in tensors.items() if k.startswith(EXTRA_PREFIX)}
+        weights = {k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)}
+        try:
+            model.load_state_dict(weights)
+        except RuntimeError as err:
+            raise LearnerError(f"{root / files['model']} does not match learner.json ({err.args[0].splitlines()[0]}); "
+                               "the learner is corrupt, restore it from a copy.") from err
+        memory = _load_memory(stored, files["memory"], state)
+        return cls(state, model.to(device), memory, extra, _load_sample(stored, files, state))
+
+
+def open_stored(path: Path) -> Stored:
+    """``learner.json`` of ``path``, read once; a learner left beside it by an interrupted 0.1 save is moved back first."""
+    legacy.recover(path)
+    return read_stored(path)
+
+
+def read_state(path: Path, step: int | None = None) -> LearnerState:
+    """Check a learner directory and parse its state (at kept step ``step``, default the current one)."""
+    stored = open_stored(Path(path))
+    missing = [rel for rel in stored.step_files(step).values() if not (stored.root / rel).is_file()]
+    if missing:
+        raise LearnerError(f"The learner at {path} is missing {', '.join(missing)}; restore the directory from a copy.")
+    return _step_state(stored, step)
+
+
+def kept_steps(path: Path) -> list[int]:
+    """The steps of the learner at ``path`` that ``--step`` and ``sb rollback`` can go back to."""
+    return sorted(open_stored(Path(path)).kept)
+
+
+def _step_state(stored: Stored, step: int | None) -> LearnerState:
+    stored.step_files(step)
+    data, where = stored.step_state(stored.current if step is None else step)
+    validate.check_state_json(data, where)
+    if not isinstance(data, dict):
+        raise LearnerError(f"{where} holds a JSON {type(data).__name__}, not an object; restore it from a copy.")
+    try:
+        return LearnerState.from_json(data)
+    except TypeError as err:
+        raise LearnerError(f"{where} has unexpected fields ({err}); restore it from a copy.") from err
+
+
+def _missing(root: Path, err: FileNotFoundError) -> LearnerError:
+    name = Path(err.filename or "a file")
+    rel = name.relative_to(root) if name.is_relative_to(root) else name
+    return LearnerError(f"The learner at {root} is missing {rel}; restore the directory from a copy.")
+
+
+def _tensors(stored: Stored, rel: str) -> dict[str, torch.Tensor]:
+    """A named safetensors file: read once, checked against its recorded hash, then parsed without trust."""
+    path = stored.root / rel
+    if not path.is_file():
+        raise FileNotFoundError(2, "No such file", str(path))
+    return validate.parse_safetensors(stored.read(rel), path)
+
+
+def _load_memory(stored: Stored, rel: str, state: LearnerState) -> ExemplarMemory:
+    path = stored.root / rel
+    tensors = _tensors(stored, rel)
+    validate.check_memory_tensors(tensors, state, path)
+    if "images" not in tensors or "labels" not in tensors:
+        raise LearnerError(f"{path} lacks images or labels; restore the learner from a copy.")
+    memory = ExemplarMemory(**state.memory)
+    if len(tensors["labels"]):
+        memory.images, memory.labels = tensors["images"], tensors["labels"].long()
+    return memory
+
+
+def _load_sample(stored: Stored, files: dict[str, str], state: LearnerState) -> CarriedSample | None:
+    """The carried test sample, checked against what learner.json records of it (None when it has none)."""
+    if not state.test_sample:
+        return None
+    rel = files.get("test_sample")
+    if rel is None:
+        raise LearnerError(f"learner.json of {stored.root} records a test sample but names no file for it; "
+                           "restore the learner from a copy.")
+    path = stored.root / rel
+    return carried_sample.check(_tensors(stored, rel), state.test_sample, state.num_classes, state.image_size, path)

@@ -1,0 +1,246 @@
+"""The one atomic commit point of a learner: ``os.replace`` of ``learner.json``.
+
+A save writes the new step's files under a new folder ``steps/NNNN/``, fsyncs each file, the folder,
+``steps/`` and the root, writes ``learner.json.tmp-<pid>``, fsyncs it, renames it onto
+``learner.json`` (THE commit) and fsyncs the root; only then are the step folders that no kept step
+names any more deleted. At every instant the path holds a complete learner, old or new: a crash
+before the rename leaves the old ``learner.json`` naming the old (untouched, immutable) files, a
+crash after it leaves the new one naming files already on disk. What a crash leaves behind
+(unreferenced step folders, ``learner.json.tmp-*``) is removed by the next writer, under the lock;
+readers ignore it.
+
+The caller holds the writer lock (:func:`sbcli.learner.store.lock.writer_lock`).
+
+Tests drive a crash at every named point of a save through :func:`checkpoint`: with the environment
+variable ``SBCLI_FAULT_AT=<point>`` the process ends there at once (``os._exit``), as a SIGKILL would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sbcli.errors import LearnerError
+from sbcli.learner.store import legacy
+from sbcli.learner.store.confine import check_confined
+from sbcli.learner.store.integrity import HASHES_KEY, digest_bytes, records_for
+from sbcli.learner.store.layout import (
+    FORMAT_VERSION,
+    STATE_FILE,
+    STEP_DIR,
+    STEP_FILES,
+    STEPS_DIR,
+    TMP_PREFIX,
+    V1_FILES,
+    Stored,
+    read_stored,
+)
+
+LOG = logging.getLogger(__name__)
+FAULT_ENV = "SBCLI_FAULT_AT"
+FAULT_EXIT = 86
+
+
+def checkpoint(point: str) -> None:
+    """A named point of a save; tests end the process here (``SBCLI_FAULT_AT``) or patch this function."""
+    if os.environ.get(FAULT_ENV) == point:
+        os._exit(FAULT_EXIT)
+
+
+def fsync_file(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a directory's entries (created, renamed, deleted names) durable."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_durable(path: Path, data: bytes, point: str) -> None:
+    """Write a new file (mode from the umask), then fsync it; never overwrites an existing file."""
+    with open(path, "xb") as f:
+        f.write(data)
+    checkpoint(f"write:{point}")
+    fsync_file(path)
+    checkpoint(f"fsync:{point}")
+
+
+def state_bytes(state: dict[str, Any]) -> bytes:
+    return (json.dumps(state, indent=2, allow_nan=True) + "\n").encode("utf-8")
+
+
+def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], keep: int | None = None) -> None:
+    """Write one step (``payload``: per-step key -> file bytes, without ``state``) and commit it.
+
+    ``state`` is the learner's state (its ``history`` gives the step number). ``keep`` limits the kept
+    steps to the last N (None: the learner's stored setting, all for a new learner). Kept steps after
+    this one (left by a rollback) are dropped.
+
+    Raises:
+        LearnerError: the directory cannot be written (one sentence; the old learner stays as it was).
+    """
+    state = {**state, "format_version": FORMAT_VERSION}
+    step = len(state["history"])
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        check_confined(root)  # also where no learner.json is yet: leftovers are deleted below
+        old = read_stored(root) if (root / STATE_FILE).is_file() else None
+        remove_leftovers(root, old)
+        legacy.remove_siblings(root)
+        kept = {} if old is None else {n: f for n, f in _kept_after_migration(root, old).items() if n < step}
+        step_payload = {**payload, "state": state_bytes(state)}
+        kept[step] = write_step(root, step, step_payload)
+        known = {rel: digest_bytes(step_payload[key]) for key, rel in kept[step].items()}
+        keep = keep if keep is not None else (old.keep if old is not None else None)
+        if keep is not None:
+            kept = {n: f for n, f in kept.items() if n > step - keep}
+        hashes = records_for(root, _referenced(kept), {**(old.hashes if old else {}), **known})
+        switch(root, {**state, "files": kept[step], "kept_steps": _kept_json(kept), "keep": keep, HASHES_KEY: hashes})
+    except OSError as err:
+        raise LearnerError(f"Could not save the learner at {root} ({err.strerror or err}: {err.filename or root}); "
+                           "the learner there is unchanged; free space or fix the permissions and run again.") from err
+    remove_unreferenced(root)
+
+
+def write_flat(folder: Path, payload: dict[str, bytes], state: dict[str, Any]) -> None:
+    """A one-step learner with its files at the root of a new folder (what a push uploads)."""
+    folder.mkdir(parents=True)
+    files, hashes = {}, {}
+    for key, name, _required in STEP_FILES:
+        if key in payload:
+            write_durable(folder / name, payload[key], key)
+            files[key], hashes[name] = name, digest_bytes(payload[key])
+    step = len(state["history"])
+    write_durable(folder / STATE_FILE, state_bytes({**state, "format_version": FORMAT_VERSION, "files": files,
+                                                    "kept_steps": {str(step): files}, "keep": None,
+                                                    HASHES_KEY: hashes}), STATE_FILE)
+
+
+def commit_pointer(root: Path, stored: Stored, step: int) -> None:
+    """Make kept step ``step`` current again (a rollback): one new ``learner.json``, no file deleted."""
+    files = stored.step_files(step)
+    state, _ = stored.step_state(step)
+    try:
+        remove_leftovers(root, stored)
+        hashes = records_for(root, stored.referenced(), stored.hashes)
+        switch(root, {**state, "format_version": FORMAT_VERSION, "files": files,
+                      "kept_steps": _kept_json(stored.kept), "keep": stored.keep, HASHES_KEY: hashes})
+    except OSError as err:
+        raise LearnerError(f"Could not write {root / STATE_FILE} ({err.strerror or err}); the learner is unchanged.") from err
+
+
+def _referenced(kept: dict[int, dict[str, str]]) -> set[str]:
+    return {rel for files in kept.values() for rel in files.values()}
+
+
+def _kept_json(kept: dict[int, dict[str, str]]) -> dict[str, dict[str, str]]:
+    return {str(n): kept[n] for n in sorted(kept)}
+
+
+def _kept_after_migration(root: Path, old: Stored) -> dict[int, dict[str, str]]:
+    """Format 1: copy its one step into ``steps/`` (its root files go after the commit)."""
+    if old.version != 1:
+        return dict(old.kept)
+    payload = {key: (root / name).read_bytes() for key, name in V1_FILES.items()}
+    payload["state"] = state_bytes({**old.state, "format_version": FORMAT_VERSION})
+    return {old.current: write_step(root, old.current, payload)}
+
+
+def write_step(root: Path, step: int, payload: dict[str, bytes]) -> dict[str, str]:
+    """Write a step's files in a new folder under ``steps/``; returns key -> path relative to ``root``."""
+    steps = root / STEPS_DIR
+    new_steps_dir = not steps.is_dir()
+    steps.mkdir(exist_ok=True)
+    folder = _free_folder(steps, step)
+    folder.mkdir()
+    checkpoint("mkdir:step")
+    files: dict[str, str] = {}
+    for key, name, _required in STEP_FILES:
+        if key in payload:
+            write_durable(folder / name, payload[key], key)
+            files[key] = f"{STEPS_DIR}/{folder.name}/{name}"
+    fsync_dir(folder)
+    checkpoint("fsync:step-dir")
+    fsync_dir(steps)
+    checkpoint("fsync:steps")
+    if new_steps_dir:
+        fsync_dir(root)
+    return files
+
+
+def _free_folder(steps: Path, step: int) -> Path:
+    """``NNNN``, or ``NNNN-k`` when a kept later step (left by a rollback) still holds that name."""
+    name, k = f"{step:04d}", 0
+    while (steps / name).exists():
+        k += 1
+        name = f"{step:04d}-{k}"
+    return steps / name
+
+
+def switch(root: Path, document: dict[str, Any]) -> None:
+    """THE commit: a fsynced temporary renamed onto learner.json, then the directory fsynced."""
+    tmp = root / f"{TMP_PREFIX}{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # our own pid's leftover: a previous process with this pid crashed here
+    try:
+        write_durable(tmp, state_bytes(document), STATE_FILE + ".tmp")
+        os.replace(tmp, root / STATE_FILE)
+    except Exception:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    checkpoint("rename:" + STATE_FILE)
+    fsync_dir(root)
+    checkpoint("fsync:root")
+
+
+def remove_leftovers(root: Path, stored: Stored | None) -> None:
+    """Delete what an interrupted save left: unreferenced step folders and ``learner.json.tmp-*``."""
+    for tmp in root.glob(TMP_PREFIX + "*"):
+        tmp.unlink()
+        checkpoint("delete:tmp")
+    _remove_steps(root, set() if stored is None else stored.referenced(), "delete:leftover-step")
+
+
+def remove_unreferenced(root: Path) -> None:
+    """After a commit: the step folders and format-1 files that ``learner.json`` no longer names.
+
+    A failure here loses nothing (the commit is done); the next writer retries.
+    """
+    try:
+        stored = read_stored(root)
+        _remove_steps(root, stored.referenced(), "delete:dropped-step")
+        for name in V1_FILES.values():
+            if (root / name).exists() and name not in stored.referenced():
+                (root / name).unlink()
+                checkpoint("delete:v1")
+        fsync_dir(root)
+    except (OSError, LearnerError) as err:
+        LOG.warning("The learner at %s is saved; removing its unused step files failed (%s), the next save retries.",
+                    root, err)
+
+
+def _remove_steps(root: Path, referenced: set[str], point: str) -> None:
+    steps = root / STEPS_DIR
+    check_confined(root)  # never delete through a link (a steps/ link could lead to the user's own folders)
+    if not steps.is_dir():
+        return
+    used = {rel.split("/")[1] for rel in referenced if rel.startswith(STEPS_DIR + "/")}
+    for folder in sorted(steps.iterdir()):
+        if folder.name not in used and (STEP_DIR.fullmatch(folder.name) or folder.name.startswith(".")):
+            shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
+            checkpoint(point)
+    fsync_dir(steps)

@@ -1,0 +1,201 @@
+"""The learner directory's layout (format 3: format 2 plus the file hashes) and how to read what is committed in it.
+
+```
+LEARNER/
+  learner.json                  the commit point: the current state, the files of every kept step, their hashes
+  steps/0003/model.safetensors  per-step files, immutable once written
+  steps/0003/memory.safetensors
+  steps/0003/state.json         the state (learner.json without the storage keys) at that step
+  steps/0002/...                earlier kept steps (``--keep N``), for ``--step N`` and ``sb rollback``
+  .sbcli.lock, .sbcli.lock.json the writer lock and who holds it (never pushed)
+```
+
+A learner published to the Hub has one step with its files at the root (``model.safetensors``,
+``memory.safetensors``; its state is ``learner.json`` itself), which ``files`` names the same way.
+
+Format 1 (files at the root, no ``files`` key) is still read: it has one step, the current one.
+A reader reads ``learner.json`` once, then only the files it names, each checked against the SHA-256
+and size ``learner.json`` records of it (format 3, :mod:`sbcli.learner.store.integrity`); a learner holding a
+symbolic link is refused before anything is read (:mod:`sbcli.learner.store.confine`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from sbcli.errors import LearnerError
+from sbcli.learner.store.confine import check_confined
+from sbcli.learner.store.integrity import HASHES_KEY, Record, parse_hashes, read_verified
+from sbcli.learner.validate import RESTORE, check_format_version
+
+FORMAT_VERSION = 3  # 3: format 2 plus "hashes" (every named file's SHA-256 and size)
+HASHED_SINCE = 3
+STATE_FILE = "learner.json"
+STEPS_DIR = "steps"
+LOCK_FILE = ".sbcli.lock"
+LOCK_INFO = ".sbcli.lock.json"
+TMP_PREFIX = f"{STATE_FILE}.tmp-"
+
+# The files of one step: (key in learner.json's "files", name inside the step folder, required).
+# A new per-step file is one more row; an optional one may be absent from a step.
+STEP_FILES: tuple[tuple[str, str, bool], ...] = (
+    ("model", "model.safetensors", True),
+    ("memory", "memory.safetensors", True),
+    ("test_sample", "test-sample.safetensors", False),  # travel: the carried test sample (sbcli.learner.test_sample)
+    ("state", "state.json", False),  # absent only for a published learner's one step
+)
+# Format 1: the files of its only step, at the root (its state is learner.json itself).
+V1_FILES = {"model": "model.safetensors", "memory": "memory.safetensors"}
+STORAGE_KEYS = ("files", "kept_steps", "keep", HASHES_KEY)
+STEP_DIR = re.compile(r"\d{4,}(-\d+)?")
+
+
+@dataclass(frozen=True)
+class Stored:
+    """What one reading of ``learner.json`` says.
+
+    Attributes:
+        root: the learner directory.
+        version: its format version (1 or 2).
+        state: the state fields (learner.json without the storage keys).
+        kept: for every kept step, its files (key -> path relative to ``root``).
+        keep: how many steps a save keeps (None: all).
+        raw: the bytes of learner.json as read (a reader retries when they changed under it).
+        hashes: path -> SHA-256 and size of every file a kept step names (empty before format 3).
+    """
+
+    root: Path
+    version: int
+    state: dict[str, Any]
+    kept: dict[int, dict[str, str]]
+    keep: int | None
+    raw: bytes
+    hashes: dict[str, Record] = field(default_factory=dict)
+
+    @property
+    def current(self) -> int:
+        return len(self.state.get("history") or [])
+
+    @property
+    def files(self) -> dict[str, str]:
+        return self.kept[self.current]
+
+    def step_files(self, step: int | None) -> dict[str, str]:
+        """The files of ``step`` (default: the current one). Raises LearnerError when it is not kept."""
+        n = self.current if step is None else step
+        if n not in self.kept:
+            kept = ", ".join(str(k) for k in sorted(self.kept)) or "none"
+            raise LearnerError(f"Step {n} of the learner at {self.root} is not kept (kept steps: {kept}); "
+                               "choose one of those.")
+        return self.kept[n]
+
+    def step_state(self, step: int) -> tuple[Any, Path]:
+        """The state JSON of kept ``step`` and the file it came from."""
+        if step == self.current:
+            return self.state, self.root / STATE_FILE
+        rel = self.step_files(step).get("state")
+        if rel is None:
+            raise LearnerError(f"Step {step} of the learner at {self.root} has no recorded state; it cannot be gone back to.")
+        where = self.root / rel
+        return read_json_bytes(bytes(self.read(rel)), where), where
+
+    def read(self, rel: str) -> bytearray:
+        """The bytes of the named file ``rel``, checked against its recorded SHA-256 and size (when recorded)."""
+        return read_verified(self.root / rel, self.hashes.get(rel))
+
+    def referenced(self) -> set[str]:
+        """Every path (relative to the root) that a kept step names."""
+        return {rel for files in self.kept.values() for rel in files.values()}
+
+
+def read_json_bytes(raw: bytes, where: Path) -> Any:
+    """``sbcli.learner.validate.read_json`` on bytes already read (a reader keeps them to notice a commit)."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise LearnerError(f"{where} is damaged: it is not UTF-8 text (byte {err.start}); {RESTORE}.") from err
+    except (ValueError, RecursionError) as err:  # JSONDecodeError, too many digits, nesting too deep
+        raise LearnerError(f"{where} is damaged: it is not valid JSON ({str(err).splitlines()[0][:120]}); "
+                           f"{RESTORE}.") from err
+
+
+def read_stored(root: Path) -> Stored:
+    """Read ``root/learner.json`` once. Raises LearnerError when there is no learner or it is malformed."""
+    path = root / STATE_FILE
+    if not root.is_dir() or not path.is_file():
+        raise LearnerError(f"No learner at {root}; give the directory that `sb train --out` wrote.")
+    check_confined(root)
+    raw = path.read_bytes()
+    data = read_json_bytes(raw, path)
+    version = check_format_version(data, path)
+    if version > FORMAT_VERSION:
+        raise LearnerError(f"The learner at {root} has format version {version}, newer than this sbcli reads "
+                           f"({FORMAT_VERSION}); upgrade sbcli.")
+    state = {k: v for k, v in data.items() if k not in STORAGE_KEYS}
+    history = state.get("history")
+    if not isinstance(history, list):
+        raise LearnerError(f"{path} has no history list; restore it from a copy.")
+    if version == 1:
+        return Stored(root, 1, state, {len(history): dict(V1_FILES)}, None, raw)
+    kept = _kept(data, len(history), path)
+    referenced = {rel for files in kept.values() for rel in files.values()}
+    hashes = parse_hashes(data.get(HASHES_KEY), referenced, path, required=version >= HASHED_SINCE)
+    return Stored(root, version, state, kept, _keep(data.get("keep"), path), raw, hashes)
+
+
+def _kept(data: dict[str, Any], current: int, where: Path) -> dict[int, dict[str, str]]:
+    files, kept_json = data.get("files"), data.get("kept_steps")
+    if not isinstance(kept_json, dict) or not all(isinstance(k, str) and k.isdigit() for k in kept_json):
+        raise LearnerError(f"{where} has no valid kept_steps (an object from step numbers to files); restore it from a copy.")
+    kept = {int(k): _step_map(v, where) for k, v in kept_json.items()}
+    if kept.get(current) != _step_map(files, where):
+        raise LearnerError(f"{where}: files does not name the files of the current step {current}; restore it from a copy.")
+    return kept
+
+
+def _step_map(value: Any, where: Path) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise LearnerError(f"{where} names a step's files with a {type(value).__name__}, not an object; restore it from a copy.")
+    known = {key: required for key, _, required in STEP_FILES}
+    missing = [k for k, required in known.items() if required and k not in value]
+    if missing:
+        raise LearnerError(f"{where} names no {', '.join(missing)} file for a step; restore it from a copy.")
+    out: dict[str, str] = {}
+    for key, rel in value.items():
+        if key not in known or not isinstance(rel, str) or not is_step_path(rel):
+            raise LearnerError(f"{where} names {key!r}: {rel!r}, not a file under {STEPS_DIR}/; restore it from a copy.")
+        out[key] = rel
+    return out
+
+
+def _keep(value: Any, where: Path) -> int | None:
+    if value is None or (type(value) is int and value >= 1):
+        return value
+    raise LearnerError(f"{where} has keep {value!r}, not a positive integer or null; restore it from a copy.")
+
+
+def is_step_path(rel: str) -> bool:
+    """``steps/<step folder>/<file>`` or ``<file>`` at the root: no absolute path, no '..'."""
+    parts = PurePosixPath(rel).parts
+    names = {name for _, name, _ in STEP_FILES}
+    if "\\" in rel or not parts or parts[-1] not in names:
+        return False
+    return len(parts) == 1 or (len(parts) == 3 and parts[0] == STEPS_DIR and bool(STEP_DIR.fullmatch(parts[1])))
+
+
+def is_store_leftover(name: str) -> bool:
+    """A root entry that a writer owns but that is not a learner: the lock, a step folder, a temporary."""
+    return name in (LOCK_FILE, LOCK_INFO, STEPS_DIR) or name.startswith(TMP_PREFIX)
+
+
+def holds_learner(folder: Path) -> bool:
+    return (folder / STATE_FILE).is_file()
+
+
+def only_leftovers(folder: Path) -> bool:
+    """True when ``folder`` holds nothing but what an interrupted first save leaves (no learner.json)."""
+    return all(is_store_leftover(p.name) for p in folder.iterdir())

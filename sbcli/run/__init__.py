@@ -1,0 +1,1 @@
+"""A task sequence: each step (grow, learn, remember, evaluate, record), its plan, test sets, results."""
