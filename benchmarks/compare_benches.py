@@ -6,7 +6,7 @@ For every method and task count the script prints the average incremental accura
 2..T (the paper's Table 1 metric) of each seed under A and under B, their means and sample standard
 deviations, and the per-seed difference B - A with its mean and standard deviation.
 
-Example (docs/performance.md: float32 against bf16 autocast, three seeds):
+Example (docs/lab/performance.md: float32 against bf16 autocast, three seeds):
 
     python benchmarks/compare_benches.py runs/fp32-s0,runs/fp32-s1,runs/fp32-s2 \\
         runs/bf16-s0,runs/bf16-s1,runs/bf16-s2 --names fp32,bf16

@@ -9,7 +9,7 @@ one after the other (timed with the wall clock: run it on an otherwise idle mach
 gives per variant the seconds, the last step's accuracy with its old and new classes per seed, and
 the average incremental accuracy over steps 2..T and the
 forgetting (the mean drop of each earlier task from its best to the end, as `sb train` prints). ``--threads`` fixes the arithmetic: the demo's
-numbers change with the thread count (docs/benchmarks.md, "The demo's budget").
+numbers change with the thread count (docs/lab/benchmarks.md, "The demo's budget").
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """One command for a machine with a GPU: environment, ``pytest -m gpu``, the engine benchmark, a profile, a real run.
 
 Run it through ``benchmarks/gpu_check.sh`` (which installs the wheels in ``.whl/``, if any, and
-keeps a log); docs/performance.md ("On a GPU") gives the command. Steps, each recorded in
+keeps a log); docs/lab/performance.md ("On a GPU") gives the command. Steps, each recorded in
 ``results.json`` and ``results.md`` under ``--out`` as soon as it ends (a run stopped at its time
 limit keeps what it finished):
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check in one command (docs/performance.md, "On a GPU"): results.json, results.md and
+# The GPU check in one command (docs/lab/performance.md, "On a GPU"): results.json, results.md and
 # log.txt go to $OUT if set, else ./gpu-results. Wheels in .whl/ (for a machine without a package
 # index) are installed first, if there are any.
 # Any argument is passed on to benchmarks/gpu_check.py (e.g. --dry, --skip sequence, --budget-s 540).

@@ -1,7 +1,7 @@
 """The data and the files of a GPU machine's run: the 32 px Tiny-ImageNet-100 archive, and what is copied there.
 
 The archive (``tiny-imagenet-100-32px.zip``, class-per-folder WebP) goes to the GPU machine in the
-ignored folder ``.gpu-data/`` of the checkout (docs/performance.md, "On a GPU"); where the checkout
+ignored folder ``.gpu-data/`` of the checkout (docs/lab/performance.md, "On a GPU"); where the checkout
 is copied to that machine with a size limit, :func:`travel_size` says beforehand whether it fits.
 """
 

@@ -1,6 +1,6 @@
 """The own-data measurements in one command: many small `sb` runs side by side on one GPU.
 
-    bash benchmarks/own_data_gpu.sh --budget-s 450        # on a machine with a GPU (docs/benchmarks.md)
+    bash benchmarks/own_data_gpu.sh --budget-s 450        # on a machine with a GPU (docs/lab/benchmarks.md)
     PYTHONPATH=. python benchmarks/own_data_gpu.py --dry   # the same flow, tiny, on the CPU
 
 The data are read from ``.gpu-data/`` in the checkout: the 32 px Tiny-ImageNet-100 archive and CIFAR-10 at 500 images a

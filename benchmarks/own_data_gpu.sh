@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The own-data measurements on a machine with a GPU (docs/benchmarks.md, "Own data at small budgets"):
+# The own-data measurements on a machine with a GPU (docs/lab/benchmarks.md, "Own data at small budgets"):
 # results.jsonl, environment.json and log.txt go to $OUT if set, else ./gpu-results. Wheels in .whl/
 # (for a machine without a package index: huggingface_hub 2.x and its transport, typer, rich) are
 # installed first. Arguments go to benchmarks/own_data_gpu.py.

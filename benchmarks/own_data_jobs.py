@@ -2,7 +2,7 @@
 
 benchmarks/own_data_gpu.py runs them in parallel on one GPU (or, with ``--dry``, tiny on the CPU).
 Each :class:`Job` is one `sb` command; ``after`` names a job that must have succeeded first.
-The groups (docs/benchmarks.md, "Own data at small budgets"):
+The groups (docs/lab/benchmarks.md, "Own data at small budgets"):
 
 - ``retain``: keeping the old classes: the first 50 classes of the 32 px Tiny-ImageNet-100,
   250 images a class, 10 tasks of 5, ResNet-18 x0.25, 5 epochs a phase, memory 500, 3 seeds, for

@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(1)
         data = write_tiny_archive(work / "tiny.zip")
     elif not data.is_file():
-        sys.exit(f"{data} is missing: copy {DATA_NAME}.zip from the data folder there (docs/performance.md, On a GPU).")
+        sys.exit(f"{data} is missing: copy {DATA_NAME}.zip from the data folder there (docs/lab/performance.md, On a GPU).")
     train, test = unpack(data, work / "data")
     cfg = CompareConfig(train=train, test=test, out=a.out, budget_s=a.budget_s, epochs=a.epochs, min_epochs=a.min_epochs,
                         control=a.control, rho=a.rho, device=a.device, precision=a.precision, cpu_eval=not a.no_cpu_eval)

@@ -12,7 +12,7 @@ resized to ``--image-size`` px. The cut is written once as a class-per-folder tr
 Runs are learner directories under ``--work/runs``: an interrupted benchmark continues where it
 stopped when run again with the same options.
 
-Example (the run of docs/benchmarks.md; 2-core VM, no GPU):
+Example (the run of docs/lab/benchmarks.md; 2-core VM, no GPU):
 
     nice -n 10 python benchmarks/sb_vs_std.py --classes 20 --per-class 100 --tasks 2 5 --seeds 0 1 2 \\
         --epochs 5 --batch-size 32 --precision fp32 --json /tmp/sb-vs-std.json
@@ -210,7 +210,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="also run STD + WA with this many epochs in steps 2..T (e.g. 3 x --epochs: S&B's epochs "
                         "per split step), a control for S&B's longer training")
     p.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"),
-                   help="training precision, as sb train --precision (docs/benchmarks.md's runs: fp32)")
+                   help="training precision, as sb train --precision (docs/lab/benchmarks.md's runs: fp32)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: fastest on a shared CPU)")
     p.add_argument("--work", type=Path, default=Path("/tmp/sb-vs-std"))
     p.add_argument("--json", type=Path, default=None, help="also write every per-step accuracy here")

@@ -1,6 +1,6 @@
 """SimpleCIL against Split-and-Bridge on CIFAR-10 in 5 tasks, from a backbone sbcli pretrained itself.
 
-The backbone is an sbcli learner trained on other classes (docs/benchmarks.md says which run). Its
+The backbone is an sbcli learner trained on other classes (docs/lab/benchmarks.md says which run). Its
 weights, less the head, are written once to ``--work``/backbone.safetensors and given as
 ``--pretrained`` to two of the three runs of every seed:
 
@@ -12,7 +12,7 @@ Each run learns task 1 with ``api.train`` and tasks 2..5 with ``api.add_task`` (
 runs), whose wall seconds are measured around the call. The CIFAR-10 images are copied once from
 the zip into class-per-folder trees (the first ``--per-class`` training and ``--test-per-class`` test
 images of each class); the class order is shuffled by the seed. One JSON line per run on stdout;
-``--report FILE.jsonl`` prints the markdown table of docs/benchmarks.md from those lines:
+``--report FILE.jsonl`` prints the markdown table of docs/lab/benchmarks.md from those lines:
 
     PYTHONPATH=. python benchmarks/simplecil_cifar10.py --tiny-folder /tmp/tin100-n100   # prints the `sb train` of the backbone
     PYTHONPATH=. python benchmarks/simplecil_cifar10.py --backbone /path/to/tiny-learner --seeds 0 1 2 > runs.jsonl

@@ -7,11 +7,11 @@ the value it takes from each source when nothing sets it:
   the dataclasses a notebook builds by hand (:class:`sbcli.engine.loop.TrainConfig`,
   :class:`sbcli.config.options.RunOptions`), which take their defaults from here;
 - ``demo``: the bundled demo, a CPU-sized budget so that ``sb train`` alone ends in a few minutes
-  (``sb train`` and ``sb bench``; measured: docs/benchmarks.md, "The demo's budget");
+  (``sb train`` and ``sb bench``; measured: docs/lab/benchmarks.md, "The demo's budget");
 - ``folder``: a class-per-folder directory given to ``sb train`` (own data: defaults measured on held-out
-  classes, docs/benchmarks.md "Own-data defaults");
+  classes, docs/lab/benchmarks.md "Own-data defaults");
 - ``own``: own data in ``sb train``, a folder or the demo (not a paper benchmark, not ``sb bench``);
-- ``train``: every source of ``sb train`` (the own-data additions measured in docs/benchmarks.md:
+- ``train``: every source of ``sb train`` (the own-data additions measured in docs/lab/benchmarks.md:
   warm-up on, class-balanced fine-tuning on), which ``sb bench`` and the paper recipes leave out.
 
 A source's own column comes before ``own``, then ``train``, then ``value``. ``text`` says what a
@@ -87,14 +87,14 @@ DEFAULTS: dict[str, Default] = {
     "lr_decay": Default(0.1),
     "drop_last": Default(True),
     "warmup_epochs": Default(0.0, train=1.0),
-    "zero_init_residual": Default(False),  # measured harmful on the demo's first task (docs/benchmarks.md)
+    "zero_init_residual": Default(False),  # measured harmful on the demo's first task (docs/lab/benchmarks.md)
     "incremental_lr": Default(None, text="--lr"),
     "val_fraction": Default(0.0),
     "val_every": Default(0, text="a fifth of the phase"),
     "balance_epochs": Default(0, train=2),
     "balance_lr": Default(0.01),
     # method options whose own-data default differs from the method's (the paper's)
-    "wa_clip": Default(False, own=True),  # kept the old classes' head rows (docs/benchmarks.md, "Own-data defaults")
+    "wa_clip": Default(False, own=True),  # kept the old classes' head rows (docs/lab/benchmarks.md, "Own-data defaults")
     # how fast and where (no effect on results)
     "eval_batch_size": Default(1024),
     "threads": Default(None, text="the cores that other running work leaves free"),

@@ -1,7 +1,7 @@
 """Where the tests find the real image archives: one setting, ``SBCLI_TEST_DATA``.
 
 The folder holds ``cifar10-jpeg.zip``, ``tiny-imagenet-100.zip`` and ``tiny-imagenet-100-32px.zip``
-(docs/benchmarks.md says what each is). Unset, it is ``../shared/data`` beside the checkout. Tests
+(docs/lab/benchmarks.md says what each is). Unset, it is ``../shared/data`` beside the checkout. Tests
 that need an archive skip, with its path, where it is absent; nothing is copied into the repository.
 """
 

@@ -53,7 +53,7 @@ RUN_OPTIONS: dict[str, RunOption] = {
     "batch_size": _opt("--batch-size", Optional[int], "Batch size."),
     "lr": _opt("--lr", Optional[float], "Initial learning rate."),
     "warmup_epochs": _opt("--warmup-epochs", Optional[float], "Linear learning-rate warm-up at the start of every phase, in epochs (the paper recipes: 0; in sb train none by default below --lr 0.05, where it only takes epochs at full rate; at lr 0.1 it lifted a 5-class first task by 6 points on average)."),
-    "zero_init_residual": _opt("--zero-init-residual/--no-zero-init-residual", Optional[bool], "Start the last BN of every residual block at 0, so each block starts as its shortcut (it stalled the demo's first task, docs/benchmarks.md)."),
+    "zero_init_residual": _opt("--zero-init-residual/--no-zero-init-residual", Optional[bool], "Start the last BN of every residual block at 0, so each block starts as its shortcut (it stalled the demo's first task, docs/lab/benchmarks.md)."),
     "momentum": _opt("--momentum", Optional[float], "SGD momentum."),
     "nesterov": _opt("--nesterov/--no-nesterov", Optional[bool], "Nesterov momentum, as in the authors' code."),
     "weight_decay": _opt("--weight-decay", Optional[float], "L2 weight decay on every parameter."),

@@ -80,7 +80,7 @@ def _training_images(tasks: list[dict]) -> int | None:
 
 def keeping_hint(history: list[dict], memory: dict, provenance: dict, tasks: list[dict] | None = None) -> str | None:
     """When the old classes kept under half of what the new ones reached, what keeps more (measured:
-    docs/benchmarks.md, "Keeping the old classes"): more exemplars a class, a pretrained backbone.
+    docs/lab/benchmarks.md, "Keeping the old classes"): more exemplars a class, a pretrained backbone.
 
     More exemplars are suggested only when the memory cannot already hold every training image.
     """
@@ -91,7 +91,7 @@ def keeping_hint(history: list[dict], memory: dict, provenance: dict, tasks: lis
     budget, seen = int(memory.get("budget", 0)), history[-1]["num_classes"]
     images = _training_images(tasks or [])
     pretrained = "" if provenance.get("pretrained") else "a --pretrained backbone"
-    where = "(docs/benchmarks.md, \"Keeping the old classes\")"
+    where = "(docs/lab/benchmarks.md, \"Keeping the old classes\")"
     if images is not None and budget >= images:
         advice = (f"in sbcli's measurements {pretrained} kept the most {where}" if pretrained
                   else "more training images a class would give it more to keep")

@@ -165,7 +165,7 @@ NEVER_CLAMP = ("icarl", "bic")  # inference rules whose reference code never cla
 
 
 def _own_data_rules(o: dict, given: dict, own: bool) -> None:
-    """Defaults that depend on other settings (docs/benchmarks.md, "Own-data defaults"); what was asked never changes.
+    """Defaults that depend on other settings (docs/lab/benchmarks.md, "Own-data defaults"); what was asked never changes.
 
     - a method option the table defaults that the chosen method does not take (``--wa-clip`` for sb), or that its
       inference rule does not take (``--wa-clip`` away from WA), is dropped, not refused;

@@ -36,7 +36,7 @@ def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes in bf16 natively, so that bf16 autocast is faster than float32.
 
     A CUDA GPU with bf16 units (Ampere or later), or a CPU with AVX-512 BF16 or AMX tiles (oneDNN's
-    bf16 convolutions; measured 1.7x to 2.0x the float32 step on a 2-core EPYC VM, docs/performance.md).
+    bf16 convolutions; measured 1.7x to 2.0x the float32 step on a 2-core EPYC VM, docs/lab/performance.md).
     Elsewhere bf16 would be emulated, slower than float32.
     """
     if device.type == "cuda":
@@ -125,7 +125,7 @@ def compute_threads(threads: int | None) -> Iterator[None]:
 
     None (the default): as many as the cores that other running work leaves free when the block
     starts (measured: two 2-thread trainings on 2 cores ran 35x slower each than one alone; one
-    thread each shared the machine evenly; docs/performance.md)."""
+    thread each shared the machine evenly; docs/lab/performance.md)."""
     before = torch.get_num_threads()
     if threads is None:
         threads = free_threads(before)

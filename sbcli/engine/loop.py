@@ -9,7 +9,7 @@ device computes in bf16 natively (see :func:`native_bf16`; ``TrainConfig.precisi
 a fused optimiser on CUDA. Losses are summed
 on the device and read once per epoch, so an epoch has no host synchronisation (tests/test_gpu.py
 counts them on CUDA). Evaluation runs in full float32, without TF32 on CUDA (:func:`sbcli.engine.device.exact_float32`).
-Measurements: docs/performance.md (benchmarks/engine_speed.py).
+Measurements: docs/lab/performance.md (benchmarks/engine_speed.py).
 
 Under torchrun (see :mod:`sbcli.engine.distributed`) the student is wrapped in DistributedDataParallel:
 every rank draws the same permutation and trains on its slice of each batch, the epoch's loss is

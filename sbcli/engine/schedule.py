@@ -4,7 +4,7 @@ The decay is the authors' multi-step schedule (x0.1 at 60/120/160 of 200 epochs,
 phase's epochs). The warm-up multiplies it by (k + 1) / W for the first W optimiser steps of the
 phase (k = 0, 1, ...), W = round(warmup_epochs * steps per epoch) (Goyal et al. 2017): the first
 steps of a fresh SGD at lr 0.1 on a randomly initialised network can blow the loss up and leave
-it stuck at chance (docs/benchmarks.md, "Early collapse"). warmup_epochs = 0 is the paper's
+it stuck at chance (docs/lab/benchmarks.md, "Early collapse"). warmup_epochs = 0 is the paper's
 schedule, exactly.
 """
 

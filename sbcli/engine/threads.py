@@ -3,7 +3,7 @@
 torch's CPU kernels run on OpenMP threads, one per core by default. With OpenMP's default waiting
 policy a thread that finishes its share of a parallel region spins for a while before it sleeps;
 when another process holds a core, that spinning steals the time the late thread needs, and a
-training step collapses (measured in docs/performance.md: benchmarks/threads_under_load.py).
+training step collapses (measured in docs/lab/performance.md: benchmarks/threads_under_load.py).
 :func:`prepare` therefore makes waiting threads sleep (``OMP_WAIT_POLICY=PASSIVE``), which must
 happen before torch is imported: the CLI's entry point calls it first. A value the user set in
 the environment is kept.

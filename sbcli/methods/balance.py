@@ -10,7 +10,7 @@ class-balanced fine-tuning) give every seen class the same weight. The task loop
 (:func:`sbcli.methods.base.balance_epochs`); under weight
 aligning the head bias stays at zero, as in the method's own phases.
 
-Measured before it became the own-data default: docs/benchmarks.md ("Keeping the old classes").
+Measured before it became the own-data default: docs/lab/benchmarks.md ("Keeping the old classes").
 """
 
 from __future__ import annotations
