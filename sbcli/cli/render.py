@@ -28,10 +28,10 @@ def history_table(history: list[dict], title: str = "Accuracy after each step (%
     table = Table(title=title)
     for col in ("step", "classes", "accuracy", "old", "new", "intra-old", "intra-new"):
         table.add_column(col, justify="right")
-    for h in history:
+    for i, h in enumerate(history):  # a metric a learner does not record (it was not measured) shows as "-"
         m = h["metrics"]
-        table.add_row(str(h["step"]), str(h["num_classes"]), fmt(m["overall"]), fmt(m["old"]), fmt(m["new"]),
-                      fmt(m["intra_old"]), fmt(m["intra_new"]))
+        table.add_row(str(h.get("step", i + 1)), str(h.get("num_classes", "-")), fmt(m["overall"]), fmt(m.get("old")),
+                      fmt(m.get("new")), fmt(m.get("intra_old")), fmt(m.get("intra_new")))
     return table
 
 

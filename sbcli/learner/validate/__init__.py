@@ -260,7 +260,9 @@ def _state_fields() -> dict[str, Check]:
     from sbcli.methods.memory import SELECTIONS
 
     three = _list(_number(-1e6, 1e6), 3, 3)
-    metrics = _object({"overall": _number(0, 100, nan=True), "per_task": _list(_number(0, 100, nan=True), MAX_CLASSES)},
+    percent = _number(0, 100, nan=True)
+    metrics = _object({"overall": percent, "per_task": _list(percent, MAX_CLASSES),
+                       **{k: _optional(percent) for k in ("old", "new", "intra_old", "intra_new")}},
                       ("overall", "per_task"))
     return {
         "arch": _arch, "width": _number(0, MAX_WIDTH, lo_open=True),
