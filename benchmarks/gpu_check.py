@@ -283,17 +283,26 @@ def gpu_busy_s(prof) -> float | None:
 # ---------------------------------------------------------------------------------------------
 
 
-def ddp(check: Check) -> dict:
-    """torchrun over every GPU (NCCL), then one process goes on (benchmarks/gpu_ddp.py); gloo on the CPU when dry."""
-    import torch
+def data_folders(cfg: CheckConfig) -> tuple[Path, Path] | dict:
+    """The archive's train and test folders, unpacked once (a generated tiny archive when dry), or why not."""
     from gpu_data import DATA_NAME, unpack, write_tiny_archive
-    from gpu_ddp import ddp_check
 
-    cfg = check.cfg
     archive = write_tiny_archive(cfg.work / "tiny.zip") if cfg.dry else cfg.data
     if not archive.is_file():
         return {"skipped": f"{archive} is missing (copy {DATA_NAME}.zip from the data folder there first)"}
-    train, test = unpack(archive, cfg.work / "data")
+    return unpack(archive, cfg.work / "data")
+
+
+def ddp(check: Check) -> dict:
+    """torchrun over every GPU (NCCL), then one process goes on (benchmarks/gpu_ddp.py); gloo on the CPU when dry."""
+    import torch
+    from gpu_ddp import ddp_check
+
+    cfg = check.cfg
+    folders = data_folders(cfg)
+    if isinstance(folders, dict):
+        return folders
+    train, test = folders
     cuda = torch.cuda.is_available() and not cfg.dry
     nproc, device = (torch.cuda.device_count(), "cuda") if cuda else (1, "cpu")
     return ddp_check(run_logged, cfg.work, train, test, nproc, device, timeout=min(240.0, max(60.0, check.left() - 60)))
@@ -301,13 +310,12 @@ def ddp(check: Check) -> dict:
 
 def sequence(check: Check) -> dict:
     import paper_compare as pc
-    from gpu_data import DATA_NAME, unpack, write_tiny_archive
 
     cfg = check.cfg
-    archive = write_tiny_archive(cfg.work / "tiny.zip") if cfg.dry else cfg.data
-    if not archive.is_file():
-        return {"skipped": f"{archive} is missing (copy {DATA_NAME}.zip from the data folder there first)"}
-    train, test = unpack(archive, cfg.work / "data")
+    folders = data_folders(cfg)
+    if isinstance(folders, dict):
+        return folders
+    train, test = folders
     budget = check.left() - 20
     if budget < (30 if cfg.dry else 120):
         return {"skipped": f"only {budget:.0f} s left of the check's budget"}

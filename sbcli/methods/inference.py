@@ -85,14 +85,25 @@ class NearestMeanScores(nn.Module):
 @register_scoring_module("nme")
 def nearest_mean_module(model: IncrementalResNet, extra: dict[str, torch.Tensor]) -> nn.Module:
     """Scores of the ``nme`` rule from the class means the method stored in ``extra``."""
-    means = extra.get(NME_MEANS)
-    if means is None:
-        raise ExportError(f"The learner uses nearest-mean inference but holds no '{NME_MEANS}' tensor; "
-                          "re-run its last step with a method that stores class means.")
-    if means.shape != (model.num_classes, model.num_features):
-        raise ExportError(f"The stored class means have shape {tuple(means.shape)}, not "
-                          f"({model.num_classes}, {model.num_features}); the learner is inconsistent, retrain its last step.")
+    means = stored_per_class(model, extra, NME_MEANS, "class means", "retrain its last step",
+                             "uses nearest-mean inference", "re-run its last step with a method that stores class means")
     return NearestMeanScores(model, means)
+
+
+def stored_per_class(model: IncrementalResNet, extra: dict[str, torch.Tensor], key: str, what: str, fix: str,
+                     rule: str, missing_fix: str) -> torch.Tensor:
+    """The [classes, features] tensor ``key`` a scoring rule reads from the learner's state.
+
+    Raises:
+        ExportError: it is missing, or its shape does not match the network.
+    """
+    value = extra.get(key)
+    if value is None:
+        raise ExportError(f"The learner {rule} but holds no '{key}' tensor; {missing_fix}.")
+    if value.shape != (model.num_classes, model.num_features):
+        raise ExportError(f"The stored {what} have shape {tuple(value.shape)}, not "
+                          f"({model.num_classes}, {model.num_features}); the learner is inconsistent, {fix}.")
+    return value
 
 
 register_scoring_module("icarl")(nearest_mean_module)
@@ -121,13 +132,8 @@ class PrototypeScores(nn.Module):
 @register_scoring_module("prototype")
 def prototype_module(model: IncrementalResNet, extra: dict[str, torch.Tensor]) -> nn.Module:
     """Scores of the ``prototype`` rule (``--method simplecil``) from the prototypes in ``extra``."""
-    protos = extra.get(simplecil.PROTOTYPES_KEY)
-    if protos is None:
-        raise ExportError(f"The learner scores by class prototypes but holds no '{simplecil.PROTOTYPES_KEY}' tensor; "
-                          "it is damaged: pull or copy it again.")
-    if protos.shape != (model.num_classes, model.num_features):
-        raise ExportError(f"The stored class prototypes have shape {tuple(protos.shape)}, not "
-                          f"({model.num_classes}, {model.num_features}); the learner is damaged: pull or copy it again.")
+    protos = stored_per_class(model, extra, simplecil.PROTOTYPES_KEY, "class prototypes", "pull or copy it again",
+                              "scores by class prototypes", "it is damaged: pull or copy it again")
     return PrototypeScores(model, protos)
 register_scoring_module("bic")(bic.fold_correction)
 
