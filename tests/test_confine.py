@@ -112,3 +112,22 @@ def test_a_link_named_like_an_interrupted_save_is_never_followed(learner: Path, 
     before = tree(victim)
     Learner.load(learner).save(learner)  # a save removes what interrupted saves of sbcli 0.1 left beside it
     assert tree(victim) == before and (learner.parent / f".{learner.name}.tmp-123").is_symlink()
+
+
+def test_a_step_folder_that_vanishes_while_it_is_checked_is_not_an_error(tmp_path, monkeypatch):
+    """A writer holding the lock may rename or remove a step folder while another command checks the
+    learner (before that command asks for the lock): the check skips it, and the lock answers."""
+    from sbcli.learner.store import confine
+
+    root = tmp_path / "learner"
+    (root / "steps" / "0001").mkdir(parents=True)
+    (root / "steps" / "0002").mkdir()
+    real = os.scandir
+
+    def vanishing(path):
+        if Path(path).name == "0002":
+            raise FileNotFoundError(2, "No such file or directory", str(path))
+        return real(path)
+
+    monkeypatch.setattr(confine.os, "scandir", vanishing)
+    assert confine.linked_entry(root) is None

@@ -25,7 +25,13 @@ def linked_entry(root: Path) -> Path | None:
     pending = [root]
     while pending:
         folder = pending.pop()
-        with os.scandir(folder) as entries:
+        try:
+            listing = os.scandir(folder)
+        except FileNotFoundError:
+            if folder == root:
+                raise
+            continue  # renamed or removed since it was listed: a writer holding the lock is committing a step
+        with listing as entries:
             for entry in sorted(entries, key=lambda e: e.name):
                 if entry.is_symlink():
                     return Path(entry.path)
