@@ -18,9 +18,18 @@ ZOO_V1 = Path(__file__).resolve().parents[1] / "zoo" / "learners" / "demo-sb-tin
 
 
 def tree(folder: Path) -> dict[str, str]:
-    """Every file under ``folder`` (relative path -> SHA-256), the lock files aside."""
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+    """Every file under ``folder`` (relative path -> SHA-256), the lock files aside; read in chunks, so that
+    a huge (sparse) file planted by a test costs no memory."""
+    return {p.relative_to(folder).as_posix(): file_sha256(p)
             for p in sorted(folder.rglob("*")) if p.is_file() and not p.name.startswith(".sbcli.lock")}
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def fake_step(learner: Learner, value: float) -> None:
