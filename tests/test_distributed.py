@@ -225,3 +225,20 @@ def test_torchrun_add_task_trains_data_parallel_and_rank_0_alone_writes_and_prin
     assert len(learner.memory) == 8 and sorted(learner.memory.labels.unique().tolist()) == [0, 1, 2, 3]
     assert [p["processes"] for p in learner.state.history[1]["phases"]] == [WORLD]
     assert [p["processes"] for p in learner.state.history[0]["phases"]] == [1]
+
+
+def test_a_torchrun_process_ends_with_its_code_and_its_output_flushed(monkeypatch, capsys):
+    """Under torchrun the `sb` process ends right after the command (no finalization, where a
+    communication thread can abort it); alone, nothing changes."""
+    from sbcli.cli import app as app_module
+
+    ended = []
+    monkeypatch.setattr(os, "_exit", ended.append)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    app_module.leave_torchrun_process(0)
+    assert ended == []
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    for code, expected in ((None, 0), (0, 0), (3, 3), ("Error: one sentence.", 1)):
+        app_module.leave_torchrun_process(code)
+        assert ended[-1] == expected
+    assert "Error: one sentence." in capsys.readouterr().err

@@ -89,7 +89,33 @@ def main() -> None:
     _log_to_stderr()
     try:
         app()
+    except SystemExit as done:
+        leave_torchrun_process(done.code)
+        raise
     except (Exception, KeyboardInterrupt) as err:  # outside a command (e.g. at import): still one line
         if debugging():
             raise
         raise SystemExit(report(err)) from None
+
+
+def leave_torchrun_process(code: int | str | None) -> None:
+    """Under torchrun, end the process here, its output flushed, without the interpreter's finalization.
+
+    Every rank has left the process group and rank 0 has committed (and fsynced) the learner by now;
+    what is left is C++ static destruction, where a communication thread that is still joinable
+    aborts the process ("terminate called without an active exception", SIGABRT) now and then, and
+    torchrun then reports a finished job as failed. Outside torchrun this does nothing.
+    """
+    import os
+
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) <= 1:
+        return
+    import logging
+    import sys
+
+    if isinstance(code, str):
+        print(code, file=sys.stderr)
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code if isinstance(code, int) else (0 if code is None else 1))
