@@ -31,7 +31,7 @@ def run(out: Path, name: str, seed: int, options: str, threads: int) -> None:
     cmd = [sys.executable, "-m", "sbcli", "train", "--out", str(learner), "--json", "-q", "--threads", str(threads),
            "--seed", str(seed), *options.split()]
     start = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    done = subprocess.run(cmd, check=False, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed: {done.stderr.strip()[-500:]}")

@@ -162,7 +162,8 @@ def test_steps_do_not_synchronise_the_host(name):
     engine.run(model, uint8_data(16, "cuda"), phase)  # warm-up: cuDNN autotuning, allocator growth
     short = count_syncs(engine, model, uint8_data(16, "cuda"), phase)  # 2 batches
     long = count_syncs(engine, model, uint8_data(64, "cuda"), phase)  # 8 batches
-    assert long == short, f"{long - short} extra host synchronisations for 6 more batches in phase {name}"
+    # one-off waits (a lazily built buffer) may fall in either run; a wait per batch would add 6 or more
+    assert long <= short, f"{long - short} extra host synchronisations for 6 more batches in phase {name}"
 
 
 # ----------------------------------------------------------------------------------------------

@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import uvicorn
+
+uvicorn = pytest.importorskip("uvicorn", reason="sb serve's HTTP tests need the serving extra (pip install 'sbcli[onnx]')")
+# ruff: noqa: E402  (the skip above must come before the serving modules are imported)
 from learners import make_learner
 from PIL import Image
 from typer.testing import CliRunner
