@@ -89,6 +89,7 @@ class BenchConfig:
     compile: bool = False
     precisions: tuple[str, ...] = ("auto",)  # one engine row per TrainConfig.precision
     without_teacher: bool = False  # also an engine row per precision without a teacher (a first step: CE only)
+    eager: bool = False  # also every engine row with --no-cuda-graphs (each kernel launched from Python)
     threads: int = 0  # torch.set_num_threads; 0 keeps torch's default
     seed: int = 0
 
@@ -198,14 +199,17 @@ def student_and_teacher(cfg: BenchConfig, device: torch.device) -> tuple[nn.Modu
 
 
 def engine_epoch_rate(cfg: BenchConfig, precision: str, device: torch.device, model: nn.Module,
-                      teacher: nn.Module | None, images: torch.Tensor, labels: torch.Tensor, batches: int) -> Rate:
-    """The rate of one engine phase of one epoch of ``batches`` full batches.
+                      teacher: nn.Module | None, images: torch.Tensor, labels: torch.Tensor, batches: int,
+                      graphs: bool = True) -> Rate:
+    """The rate of one engine phase of one epoch of ``batches`` full batches, its set-up included (on a GPU:
+    three eager steps and the step's capture as a CUDA graph, unless ``graphs`` is off).
 
     With a teacher: phase C's loss (an incremental step); without: plain CE (a first step).
     """
     x, y = repeat_to(images, labels, batches * cfg.batch_size)
     data = DeviceData(x.to(device), y.to(device))
-    train = TrainConfig(epochs=1, batch_size=cfg.batch_size, compile=cfg.compile, precision=precision)
+    train = TrainConfig(epochs=1, batch_size=cfg.batch_size, compile=cfg.compile, precision=precision,
+                        cuda_graphs=graphs)
     engine = Engine(train, device, Normalization(), cfg.seed)
     if teacher is None:
         phase = Phase("base", lambda out: ce_loss(out.logits, out.targets), 1)
@@ -311,7 +315,8 @@ def _sync(device: torch.device) -> None:
 def measure(cfg: BenchConfig, device: torch.device, images: torch.Tensor,
             labels: torch.Tensor, log: Callable[[str], None]) -> tuple[list[LoopResult], LoopResult, int]:
     """Alternate engine (one per precision) and reference rounds; returns the results and batches per round."""
-    rows = [(p, True) for p in cfg.precisions] + ([(p, False) for p in cfg.precisions] if cfg.without_teacher else [])
+    rows = [(p, True, True) for p in cfg.precisions] + ([(p, False, True) for p in cfg.precisions] if cfg.without_teacher else [])
+    rows += [(p, teacher, False) for p, teacher, _ in rows] if cfg.eager else []
     pairs = {row: student_and_teacher(cfg, device) for row in rows}
     ref_model, ref_teacher = student_and_teacher(cfg, device)
     ref_opt = reference_optimizer(ref_model)
@@ -319,19 +324,21 @@ def measure(cfg: BenchConfig, device: torch.device, images: torch.Tensor,
     num_old = cfg.classes // 2
     log("warming up (the engine's first phase includes torch.compile when --compile is given)")
     warm = 0.0
-    for (p, with_teacher), (model, teacher) in pairs.items():
+    for (p, with_teacher, graphs), (model, teacher) in pairs.items():
         for _ in range(2):
-            rate = engine_epoch_rate(cfg, p, device, model, teacher if with_teacher else None, images, labels, 2).wall
-            warm = rate if (p, with_teacher) == rows[0] else warm
+            rate = engine_epoch_rate(cfg, p, device, model, teacher if with_teacher else None, images, labels, 2,
+                                     graphs).wall
+            warm = rate if (p, with_teacher, graphs) == rows[0] else warm
     reference_rate(batches_iter, device, ref_model, ref_teacher, ref_opt, 2, num_old)
     batches = max(2, math.ceil(cfg.seconds * warm / cfg.batch_size))
     engines = [LoopResult(f"engine {p}" + (f" ({'bf16' if uses_bf16(p, device) else 'fp32'})" if p == "auto" else "")
-                          + ("" if with_teacher else " no teacher")) for p, with_teacher in rows]
+                          + ("" if with_teacher else " no teacher") + ("" if graphs else " eager"))
+               for p, with_teacher, graphs in rows]
     reference = LoopResult("reference")
     for r in range(cfg.rounds):
-        for result, ((p, with_teacher), (model, teacher)) in zip(engines, pairs.items(), strict=True):
+        for result, ((p, with_teacher, graphs), (model, teacher)) in zip(engines, pairs.items(), strict=True):
             result.rounds.append(engine_epoch_rate(cfg, p, device, model, teacher if with_teacher else None, images,
-                                                   labels, batches))
+                                                   labels, batches, graphs))
         reference.rounds.append(reference_rate(batches_iter, device, ref_model, ref_teacher, ref_opt, batches, num_old))
         rates = ", ".join(f"{e.name} {e.rounds[-1].wall:,.1f}" for e in [*engines, reference])
         log(f"round {r + 1}/{cfg.rounds} ({batches} batches each), img/s: {rates}")
@@ -455,6 +462,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[BenchConfig, Path | None]
                    help="engine precision(s), comma-separated: auto (bf16 where the device has native bf16, else fp32), bf16, fp32")
     p.add_argument("--without-teacher", action="store_true",
                    help="also time the engine without a teacher (a first step, CE only), one row per precision")
+    p.add_argument("--eager", action="store_true",
+                   help="also time every engine row with --no-cuda-graphs (on a GPU: each kernel launched from Python)")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=None, help="also write the report as JSON here")

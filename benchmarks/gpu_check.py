@@ -196,7 +196,7 @@ def bench_args(cfg: CheckConfig, out: Path, batch: int = 256) -> list[str]:
                 "100", "--images", str(max(10000, 40 * batch)), "--seconds", str(cfg.bench_seconds), "--rounds",
                 str(cfg.bench_rounds)]
     return [sys.executable, "benchmarks/engine_speed.py", *size, "--data", "random", "--precision", "auto",
-            "--without-teacher", "--json", str(out)]
+            "--without-teacher", "--eager", "--json", str(out)]
 
 
 def engine_bench(check: Check, compiled: bool = False, batch: int = 256) -> dict:

@@ -99,6 +99,7 @@ DEFAULTS: dict[str, Default] = {
     "eval_batch_size": Default(1024),
     "threads": Default(None, text="the cores that other running work leaves free"),
     "compile": Default(False),
+    "cuda_graphs": Default(True),
     "precision": Default("auto"),
     "device": Default("auto"),
 }

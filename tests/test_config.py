@@ -35,7 +35,7 @@ def test_every_engine_and_method_setting_is_a_train_option_and_a_recipe_key():
     assert settings - options == set()
     assert {"weight_decay", "nesterov", "milestones", "lr_decay", "drop_last", "threads"} <= engine_keys()
     assert {"aux_epochs", "bic_val_fraction", "first_task_rules"} <= method_keys()
-    assert (settings - {"compile", "precision", "threads", "eval_batch_size"}) <= recipe_keys()
+    assert (settings - {"compile", "cuda_graphs", "precision", "threads", "eval_batch_size"}) <= recipe_keys()
     assert not {"device", "out", "threads"} & recipe_keys()
 
 
@@ -106,6 +106,25 @@ def test_the_optimiser_and_schedule_follow_the_settings():
         opt.step()
         sched.step()
     assert lrs == [1.0] * 5 + [0.5] * 5
+
+
+def test_the_schedule_fills_a_learning_rate_held_on_the_device_in_place():
+    """A step replayed as a CUDA graph reads the lr from a tensor it captured: the schedule must fill that very tensor."""
+    from sbcli.engine.graphs import device_lr
+
+    opt = make_optimizer(torch.nn.Linear(2, 2), TrainConfig(lr=1.0, milestones=(0.5,), lr_decay=0.5), torch.device("cpu"))
+    device_lr(opt, torch.device("cpu"))
+    held = opt.param_groups[0]["lr"]
+    sched = make_schedule(opt, TrainConfig(lr=1.0, milestones=(0.5,), lr_decay=0.5, warmup_epochs=1), epochs=4,
+                          batches_per_epoch=2)
+    seen = []
+    for _ in range(4):
+        for _ in range(2):
+            sched.before_step()
+            seen.append((float(held), sched.current))
+        sched.step()
+    assert opt.param_groups[0]["lr"] is held
+    assert seen == [(0.5, 0.5), (1.0, 1.0), (1.0, 1.0), (1.0, 1.0), (0.5, 0.5), (0.5, 0.5), (0.5, 0.5), (0.5, 0.5)]
 
 
 def test_drop_last_decides_whether_the_partial_batch_trains():

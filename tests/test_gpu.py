@@ -4,7 +4,8 @@ Each test takes a ``device``: the CPU always, CUDA where there is a GPU. The CUD
 ``gpu`` mark and skip, saying why, on a machine without one; the CPU cases run in the ordinary
 suite, so that the assertions themselves are exercised everywhere. What is checked: bf16 autocast
 with channels-last, the device-resident uint8 data and its on-device augmentation, steps without
-host synchronisation, a bf16 Split-and-Bridge phase B keeping its cross weights exactly zero, the
+host synchronisation, each phase's step replayed as a CUDA graph (and the learning rate it reads), a bf16
+Split-and-Bridge phase B keeping its cross weights exactly zero, the
 teacher's forward, ``--compile``, float32 evaluation after bf16 training, a learner trained on the
 device evaluated on the CPU, its ONNX export and ``sb predict --device``, and DDP over NCCL.
 """
@@ -160,10 +161,46 @@ def test_steps_do_not_synchronise_the_host(name):
     engine = engine_on("cuda")
     phase = sync_phase(name, model, teacher)
     engine.run(model, uint8_data(16, "cuda"), phase)  # warm-up: cuDNN autotuning, allocator growth
-    short = count_syncs(engine, model, uint8_data(16, "cuda"), phase)  # 2 batches
-    long = count_syncs(engine, model, uint8_data(64, "cuda"), phase)  # 8 batches
-    # one-off waits (a lazily built buffer) may fall in either run; a wait per batch would add 6 or more
-    assert long <= short, f"{long - short} extra host synchronisations for 6 more batches in phase {name}"
+    # both runs get past the eager warm-up steps to the step's CUDA graph (whose capture waits, once a phase)
+    short = count_syncs(engine, model, uint8_data(64, "cuda"), phase)  # 8 batches
+    long = count_syncs(engine, model, uint8_data(128, "cuda"), phase)  # 16 batches
+    # one-off waits (a lazily built buffer) may fall in either run; a wait per batch would add 8 or more
+    assert long <= short, f"{long - short} extra host synchronisations for 8 more batches in phase {name}"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+@pytest.mark.parametrize("name", SYNC_PHASES)
+def test_each_phase_replays_its_step_as_one_cuda_graph_and_learns(name):
+    model, teacher = small_net("cuda"), old_teacher("cuda")
+    phase = sync_phase(name, model, teacher)
+    before = weights(model)
+    report = engine_on("cuda").run(model, uint8_data(64, "cuda"), phase)  # 3 eager steps, the capture, 4 replays
+    assert report.extra["cuda_graph"] == "on"
+    assert torch.isfinite(torch.tensor(report.final_loss))
+    moved = [k for k, v in model.state_dict().items() if k.endswith("weight") and not torch.equal(v, before[k])]
+    assert len(moved) > 10
+    eager_model = small_net("cuda")
+    off = engine_on("cuda", cuda_graphs=False).run(eager_model, uint8_data(64, "cuda"), sync_phase(name, eager_model, teacher))
+    assert "cuda_graph" not in off.extra  # --no-cuda-graphs: every step eager
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not CUDA, reason=NO_CUDA)
+def test_a_replayed_step_reads_the_learning_rate_the_schedule_sets():
+    """lr 0.1 in the first epoch, then 1e-12 of it: the second epoch's replays must leave the weights be."""
+    model = small_net("cuda")
+    seen: list[dict[str, torch.Tensor]] = []
+    cfg = TrainConfig(epochs=2, batch_size=8, precision="bf16", milestones=(0.5,), lr_decay=1e-12)
+    engine = Engine(cfg, torch.device("cuda"), Normalization(), seed=0,
+                    on_progress=lambda _event: seen.append({k: p.detach().clone() for k, p in model.named_parameters()}))
+    before = {k: p.detach().clone() for k, p in model.named_parameters()}
+    report = engine.run(model, uint8_data(64, "cuda"), Phase("base", lambda o: ce_loss(o.logits, o.targets), 2))
+    assert report.extra["cuda_graph"] == "on"
+    first, second = seen
+    assert sum(not torch.equal(first[k], before[k]) for k in before) > 10  # epoch 1 trained (3 eager steps, 5 replays)
+    for k in before:
+        torch.testing.assert_close(second[k], first[k], rtol=0, atol=1e-6, msg=f"{k} moved at lr 1e-13")
 
 
 # ----------------------------------------------------------------------------------------------

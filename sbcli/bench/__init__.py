@@ -100,7 +100,7 @@ class BenchPlan:
         return json.loads(json.dumps({"sequence": seq, "run": run, "rho": self.rho}))
 
 
-SPEED_KEYS = ("compile", "threads", "eval_batch_size")  # engine settings that change the speed, not the results
+SPEED_KEYS = ("compile", "cuda_graphs", "threads", "eval_batch_size")  # engine settings that change the speed, not the results
 
 
 @dataclass(frozen=True)

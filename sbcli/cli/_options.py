@@ -70,6 +70,7 @@ RUN_OPTIONS: dict[str, RunOption] = {
     "memory": _opt("--memory", Optional[int], "Exemplar budget over all classes."),
     "selection": _opt("--selection", Optional[str], "Exemplar choice: random, herding or first."),
     "compile": _opt("--compile", bool, "torch.compile the student and teacher once per phase (minutes to compile; for long GPU runs: no gain measured on CPU).", default=False),
+    "cuda_graphs": _opt("--cuda-graphs/--no-cuda-graphs", bool, "On a GPU, in one process: capture each phase's training step once and replay it as one CUDA graph (the same computation, launched at once; off: every kernel launched from Python).", default=True),
     "precision": _opt("--precision", str, "auto (bf16 autocast where the device computes in bf16 natively: recent GPUs, CPUs with AVX-512 BF16 or AMX; float32 elsewhere), bf16 or fp32.", default="auto"),
     "seed": _opt("--seed", Optional[int], "Seed of weights, batches, augmentation and exemplar choice."),
     "device": _opt("--device", str, "auto, cpu or cuda.", default="auto"),

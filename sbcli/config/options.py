@@ -89,7 +89,7 @@ class SequenceOptions:
 # How fast and where a run goes, not what it computes: a recipe may not set these.
 # Method fields given only through one comma-separated option (sb's --phase-epochs A,B,C gives epochs_a/b/c).
 PHASE_EPOCHS = tuple(f for fields in together_fields().values() for f in fields)
-RUN_CONTROL = frozenset({"out", "resume", "device", "download", "compile", "precision", "threads", "eval_batch_size",
+RUN_CONTROL = frozenset({"out", "resume", "device", "download", "compile", "cuda_graphs", "precision", "threads", "eval_batch_size",
                          "recipe"})
 
 

@@ -6,9 +6,9 @@ the phase's epochs (60/120/160 of 200 by default) after an optional linear warm-
 device-resident uint8 images, augmentation on the device, the teacher's forward in the same
 step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autocast wherever the
 device computes in bf16 natively (see :func:`native_bf16`; ``TrainConfig.precision`` overrides it),
-a fused optimiser on CUDA. Losses are summed
-on the device and read once per epoch, so an epoch has no host synchronisation (tests/test_gpu.py
-counts them on CUDA). Evaluation runs in full float32, without TF32 on CUDA (:func:`sbcli.engine.device.exact_float32`).
+a fused optimiser on CUDA, and on one GPU each step replayed as a CUDA graph (:mod:`sbcli.engine.graphs`).
+Losses are summed on the device and read once per epoch, so an epoch has no host synchronisation
+(tests/test_gpu.py counts them on CUDA). Evaluation runs in full float32, without TF32 on CUDA (:func:`sbcli.engine.device.exact_float32`).
 Measurements: docs/lab/performance.md (benchmarks/engine_speed.py).
 
 Under torchrun (see :mod:`sbcli.engine.distributed`) the student is wrapped in DistributedDataParallel:
@@ -30,7 +30,7 @@ from torch import nn
 
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.defaults import base
-from sbcli.engine import distributed, schedule
+from sbcli.engine import distributed, graphs, schedule
 from sbcli.engine.device import (
     PRECISIONS,
     compute_threads,
@@ -63,6 +63,7 @@ class TrainConfig:
     lr_decay: float = base("lr_decay")  # the schedule's gamma at every milestone
     drop_last: bool = base("drop_last")  # authors' code: an epoch drops its last partial batch (unless it is the only one)
     compile: bool = base("compile")  # torch.compile the student and the teacher (once per phase; slower to start)
+    cuda_graphs: bool = base("cuda_graphs")  # on a GPU, one process, without compile: replay each step as a CUDA graph
     eval_batch_size: int = base("eval_batch_size")
     precision: str = base("precision")  # auto: bf16 autocast where the device has native bf16 (native_bf16); "bf16" / "fp32"
     threads: int | None = base("threads")  # CPU compute threads while training and evaluating; None: torch's default
@@ -226,6 +227,14 @@ class Engine:
                                                                                  self.cfg.drop_last), lr)
         student = self._compiled(distributed.data_parallel(model, self.device, self.dist))
         teacher = None if phase.teacher is None else self._compiled(phase.teacher.eval())
+
+        def step(idx: torch.Tensor, set_to_none: bool = True) -> torch.Tensor:
+            return self._step(student, teacher, model, data, idx, phase, opt, set_to_none)
+
+        graphed = None
+        if self._graphs_on():
+            graphs.device_lr(opt, self.device)
+            graphed = graphs.GraphedStep(step, self.device, self.augment_generator)
         start, seen, loss = time.perf_counter(), 0, float("nan")
         selection = PhaseSelection.start(self.validator, model)
         for epoch in range(1, phase.epochs + 1):
@@ -237,10 +246,10 @@ class Engine:
             for batch in data.batch_indices(self.cfg.batch_size, self.generator, self.cfg.drop_last):
                 idx = distributed.shard(batch, self.dist)
                 sched.before_step()
-                total += self._step(student, teacher, model, data, idx, phase, opt).detach()
+                total += (step(idx) if graphed is None else graphed(idx)).detach()
                 count += 1
                 self.progress.on_batch(count, batches)
-            lr = opt.param_groups[0]["lr"]
+            lr = sched.current
             sched.step()
             loss = self._epoch_loss(total, count)  # the epoch's one host synchronisation
             self._check_finite(loss, phase, epoch)
@@ -250,23 +259,28 @@ class Engine:
             if selection is not None:
                 selection.after_epoch(self, model, epoch, phase.epochs)
         extra = {} if selection is None else selection.finish(model, phase.epochs)
+        if graphed is not None:
+            extra["cuda_graph"] = graphed.status
         distributed.broadcast_module(model, self.dist)
         seconds = time.perf_counter() - start
         return PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9),
                            precision=self.precision, processes=self.dist.world_size, extra=extra)
 
     def _step(self, student: nn.Module, teacher: nn.Module | None, model: nn.Module, data: DeviceData,
-              idx: torch.Tensor, phase: Phase, opt: torch.optim.Optimizer) -> torch.Tensor:
+              idx: torch.Tensor, phase: Phase, opt: torch.optim.Optimizer, set_to_none: bool = True) -> torch.Tensor:
+        """One optimiser step on batch ``idx``; its loss, on the device. The same code is captured as a
+        CUDA graph (:mod:`sbcli.engine.graphs`): nothing here may read the device from the host."""
         x = augment(data.images[idx], self.norm, self.augment_generator, self.channels_last)
         y = data.labels[idx]
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+        # no autocast weight cache: each weight is cast once a step anyway, and a graph capture forbids it
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast, cache_enabled=False):
             teacher_logits = None
             if teacher is not None:
                 with torch.no_grad():
                     teacher_logits = teacher(x).float()
             logits = student(x).float()
             loss = phase.loss(StepOutputs(model, x, y, logits, teacher_logits))
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad(set_to_none=set_to_none)
         loss.backward()
         opt.step()
         for hook in phase.after_step:
@@ -291,6 +305,12 @@ class Engine:
             for m in models:
                 if m is not None:
                     m.to(memory_format=torch.channels_last)
+
+    def _graphs_on(self) -> bool:
+        """Steps replayed as CUDA graphs: on a GPU, in one process (DDP's hooks are not captured here) and
+        without ``--compile`` (which builds graphs of its own)."""
+        return (self.cfg.cuda_graphs and self.device.type == "cuda" and not self.dist.enabled
+                and not self.cfg.compile)
 
     def _compiled(self, model: nn.Module) -> nn.Module:
         """``torch.compile`` (once per phase: the wrapper is built here, graphs on first use)."""

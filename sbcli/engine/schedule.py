@@ -37,6 +37,7 @@ class PhaseSchedule:
     warmup_steps: int = 0
     epoch: int = 0
     steps_done: int = 0
+    current: float = float("nan")  # the learning rate of the last step set (read without the device)
 
     def lr(self, epoch: int, step: int) -> float:
         """The learning rate of optimiser step ``step`` (0-based, counted over the phase) in ``epoch`` (0-based)."""
@@ -46,10 +47,15 @@ class PhaseSchedule:
         return value
 
     def before_step(self) -> None:
-        """Set the learning rate of the next optimiser step (a Python float: no device sync)."""
+        """Set the learning rate of the next optimiser step: a Python float, or filled into the device tensor
+        that holds it for a replayed step (:func:`sbcli.engine.graphs.device_lr`); no device sync either way."""
         lr = self.lr(self.epoch, self.steps_done)
         for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].fill_(lr)
+            else:
+                group["lr"] = lr
+        self.current = lr
         self.steps_done += 1
 
     def step(self) -> None:

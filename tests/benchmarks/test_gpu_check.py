@@ -63,7 +63,7 @@ def test_the_dry_check_runs_every_step_and_leaves_at_most_8_plain_files(tmp_path
     assert r["tests"]["exit_code"] == 0 and r["tests"]["counts"]["failures"] == 0
     assert r["tests"]["counts"]["skipped"] > 0 and any("no CUDA GPU" in k for k in r["tests"]["skip_reasons"])
     names = [row["name"] for row in r["bench"]["rows"]]
-    assert len(names) == 3 and "no teacher" in names[1] and names[2] == "reference"
+    assert names[1:] == [names[0] + " no teacher", names[0] + " eager", names[0] + " no teacher eager", "reference"]
     assert r["bench"]["meets_target"] is False and r["profile"]["top"]  # the CPU misses it: the profile ran
     assert (r["bench"]["batch_size"], r["bench512"]["batch_size"]) == (256, 512)  # both batch sizes, the same rows
     assert [row["name"] for row in r["bench512"]["rows"]] == names and r["bench"]["without_teacher_img_s"] > 0
