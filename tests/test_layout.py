@@ -38,7 +38,7 @@ ONLY = {
 }
 TERMINAL_PACKAGES = {"typer", "rich", "click"}
 # top to bottom (README.md, "Layout"); the root's leaves (errors, registry, metrics, jsonutil, atomic) serve all
-LAYERS = ("cli", "bench", "api", "config", "hub", "run", "export", "learner", "methods", "engine", "nets", "serve", "data")
+LAYERS = ("cli", "bench", "api", "run", "config", "hub", "export", "learner", "methods", "engine", "nets", "serve", "data")
 
 
 def module_name(path: Path) -> str:
