@@ -7,18 +7,6 @@ import json
 import struct
 from pathlib import Path
 
-from sbcli import api
-from sbcli.engine.loop import TrainConfig
-
-
-def train_tiny(color_data: dict[str, Path], out: Path) -> Path:
-    """A one-step learner of two colour classes (resnet18 at width 1/8, 16-pixel images)."""
-    run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
-    seq = api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]),
-                              image_size=16, tasks=1)
-    api.train(seq, run, out)
-    return out
-
 
 def learner_files(learner: Path) -> dict[str, Path]:
     """learner.json and the model and memory files of the current step (format 1 or 2)."""

@@ -178,7 +178,7 @@ def test_only_the_writing_rank_checks_the_output_folder(color_data, monkeypatch,
     (out / LOCK_FILE).write_text("")
     (out / f"{LOCK_INFO}.4242").write_text("{}")  # rank 0 writing its lock note (then renamed into place)
     monkeypatch.setattr(distributed, "is_main_process", lambda: False)
-    monkeypatch.setattr("sbcli.api._train", lambda *args, **kwargs: "trained")
+    monkeypatch.setattr("sbcli.run.sequence._train", lambda *args, **kwargs: "trained")
     seq = api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]), image_size=16)
     run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
     assert api.train(seq, run, out) == "trained"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import typer
-from learner_files import hashes, train_tiny
+from learner_files import hashes
 from safetensors import SafetensorError
 from typer.testing import CliRunner
 
@@ -120,9 +120,10 @@ def test_symlink_loops_and_dangling_links_are_named_in_one_sentence(color_data, 
 
 
 @pytest.fixture(scope="module")
-def tiny(color_data, tmp_path_factory) -> Path:
+def tiny(one_task_learner) -> Path:
+    """The session's trained one-task learner (conftest.py): each test works on a copy."""
     torch.set_num_threads(1)
-    return train_tiny(color_data, tmp_path_factory.mktemp("errors") / "learner")
+    return one_task_learner
 
 
 def _copy(tiny: Path, tmp_path: Path) -> Path:

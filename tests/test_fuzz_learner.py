@@ -41,7 +41,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from learner_files import hashes, learner_files, read_raw, rehash, train_tiny, write_raw
+from learner_files import hashes, learner_files, read_raw, rehash, write_raw
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -169,9 +169,10 @@ def mutate(files: dict[str, Path], m: tuple) -> None:
 
 
 @pytest.fixture(scope="module")
-def pristine(color_data, tmp_path_factory) -> Path:
+def pristine(one_task_learner) -> Path:
+    """The session's trained one-task learner (conftest.py): copied before any mutation, never written."""
     torch.set_num_threads(1)
-    return train_tiny(color_data, tmp_path_factory.mktemp("fuzz") / "learner")
+    return one_task_learner
 
 
 @contextlib.contextmanager

@@ -14,42 +14,15 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from learners import SIZE, make_learner
 from PIL import Image
 from typer.testing import CliRunner
 
 from sbcli import api
 from sbcli.cli.app import app
-from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError, DataError, ExportError
-from sbcli.learner.state import Learner, LearnerState
-from sbcli.methods import build_config
-from sbcli.methods.memory import ExemplarMemory
-from sbcli.nets import create_model
 
-SIZE = 16
-NAMES = ["cat", "dog", "fox", "owl", "elk"]
-
-
-def make_learner(seed: int = 0) -> Learner:
-    """Five classes in two tasks, random weights and BatchNorm statistics, a few exemplars."""
-    torch.manual_seed(seed)
-    state = LearnerState(arch="resnet18", width=0.125, image_size=SIZE, normalization={"mean": [0.5] * 3, "std": [0.25] * 3},
-                         method="std", method_config=build_config("std", {}), train_config=TrainConfig(),
-                         memory={"budget": 10, "selection": "random", "seed": 0}, seed=0, class_names=list(NAMES),
-                         class_task=[0, 0, 0, 1, 1],
-                         tasks=[{"classes": NAMES[:3], "source": {"kind": "demo"}}, {"classes": NAMES[3:], "source": {"kind": "demo"}}],
-                         history=[{"step": t, "metrics": {"overall": 50.0, "per_task": [50.0] * t}} for t in (1, 2)],
-                         provenance={"dataset": "synthetic"})
-    model = create_model("resnet18", len(NAMES), 0.125)
-    with torch.no_grad():
-        for m in model.modules():
-            if isinstance(m, torch.nn.BatchNorm2d):
-                m.running_mean.uniform_(-0.5, 0.5)
-                m.running_var.uniform_(0.5, 2.0)
-    memory = ExemplarMemory(10, "random", 0)
-    memory.images = torch.randint(0, 256, (10, 3, SIZE, SIZE), dtype=torch.uint8)
-    memory.labels = torch.arange(10) % len(NAMES)
-    return Learner(state, model.eval(), memory)
+NAMES = [f"class_{i}" for i in range(5)]  # make_learner()'s classes: two tasks of 3 and 2, random weights and statistics
 
 
 def write_images(folder: Path, count: int, seed: int, size: tuple[int, int] = (SIZE, SIZE), mode: str = "RGB") -> list[Path]:
@@ -88,7 +61,7 @@ def test_learner_and_onnx_give_the_same_answers(served) -> None:
 
 
 def test_labels_come_from_the_metadata_in_label_order(tmp_path: Path) -> None:
-    """A head that always says class 3 with logit ln 9: every image is 'owl' with p = 9 / (9 + 4)."""
+    """A head that always says class 3 with logit ln 9: every image is NAMES[3] with p = 9 / (9 + 4)."""
     learner = make_learner(seed=4)
     with torch.no_grad():
         learner.model.head.weight.zero_()
@@ -98,7 +71,7 @@ def test_labels_come_from_the_metadata_in_label_order(tmp_path: Path) -> None:
     images = write_images(tmp_path / "img", 3, seed=5)
     for model in (tmp_path / "learner", tmp_path / "owl.onnx"):
         predictions = api.predict(model, images, top_k=2, device="cpu")
-        assert [p.labels[0] for p in predictions] == ["owl"] * 3
+        assert [p.labels[0] for p in predictions] == [NAMES[3]] * 3
         for p in predictions:
             assert p.probabilities[0] == pytest.approx(9 / 13, abs=1e-5)
             assert p.probabilities[1] == pytest.approx(1 / 13, abs=1e-5)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from learners import make_learner
 from PIL import Image
-from test_onnx_export import make_learner
 from test_serve_http import call, multipart, png, running
 from typer.testing import CliRunner
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from learner_files import hashes, learner_files, read_raw, rehash, train_tiny, write_raw
+from learner_files import hashes, learner_files, read_raw, rehash, write_raw
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -22,9 +22,10 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def pristine(color_data, tmp_path_factory) -> Path:
+def pristine(one_task_learner) -> Path:
+    """The session's trained one-task learner (conftest.py): copied before any damage, never written."""
     torch.set_num_threads(1)
-    return train_tiny(color_data, tmp_path_factory.mktemp("validate") / "learner")
+    return one_task_learner
 
 
 @pytest.fixture

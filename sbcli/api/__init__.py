@@ -1,60 +1,37 @@
 """The Python face of sbcli: one function per command, so a notebook can do what the terminal does.
 
 Nothing here renders; progress and results reach the caller through callbacks and return values.
+Each function checks what it is given and hands the work to the module whose one job it is: the
+task sequence to :mod:`sbcli.run.sequence`, a new task to :mod:`sbcli.run.add_task`, evaluation to
+:mod:`sbcli.run.evaluation`, rollback to :mod:`sbcli.learner.rollback`, and the ways out (ONNX,
+Triton, the Hub, the zoo, prediction) to :mod:`sbcli.api.out`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import platform
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from sbcli import __version__
-from sbcli.api.out import export_int8, export_onnx, export_triton, predict, pull, push, zoo  # noqa: F401  (the ways out)
+from sbcli.api.out import export_int8, export_onnx, export_triton, predict, pull, push, zoo
 from sbcli.config.options import RunOptions, SequenceOptions, build_options, known_keys
-from sbcli.data import folder_classes
-from sbcli.data.catalog import (
-    BENCHMARKS,
-    Opened,
-    compute_normalization,
-    open_spec,
-    relabel,
-    resolve_spec,
-    spec_image_size,
-)
-from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
-from sbcli.data.imageset import ImageSet
-from sbcli.data.records import check_dataset_name, remember_source, same_source
-from sbcli.data.scenario import Scenario, make_scenario, task_sizes
-from sbcli.data.shaping import only_classes, resize_opened, with_image_size
-from sbcli.engine import distributed
 from sbcli.engine.device import resolve_device
-from sbcli.engine.loop import Engine
-from sbcli.engine.progress import ProgressLike, progress_of
-from sbcli.errors import ConfigError, DataError, LearnerError
-from sbcli.learner import preflight
+from sbcli.engine.progress import ProgressLike
+from sbcli.errors import ConfigError
+from sbcli.learner import rollback as rollbacks
 from sbcli.learner.state import Learner, LearnerState, read_state
-from sbcli.learner.store import legacy
-from sbcli.learner.store.lock import writer_lock
-from sbcli.learner.store.outputs import check_output_dir
-from sbcli.learner.validate import MAX_WIDTH
-from sbcli.methods import METHODS, build_config
-from sbcli.methods.memory import ExemplarMemory
-from sbcli.metrics import history_summary
-from sbcli.nets import create_model, list_models
-from sbcli.nets.timm_backbone import timm_input
-from sbcli.run import banner, evalsets, growing
+from sbcli.run import add_task as adding
+from sbcli.run import evaluation, sequence
 from sbcli.run.growing import AddTaskOptions
-from sbcli.run.plan import sequence_epochs
-from sbcli.run.results import write_results
-from sbcli.run.steps import StepSummary, evaluate_learner, learn_step
+from sbcli.run.sequence import StepFn, save_from_main, sequence_scenario
+from sbcli.run.steps import StepSummary
 
 ProgressFn = ProgressLike  # sbcli.engine.progress.Progress callbacks, or a function of each epoch's event
-StepFn = Callable[[StepSummary], None]
+
+__all__ = [
+    "AddTaskOptions", "Learner", "LearnerState", "ProgressFn", "RunOptions", "SequenceOptions", "StepFn", "StepSummary",
+    "add_task", "evaluate", "export_int8", "export_onnx", "export_triton", "learner_state", "options", "predict", "pull",
+    "push", "resolve_device", "rollback", "save_from_main", "sequence_scenario", "train", "zoo",
+]
 
 
 def options(source: str | None = None, *, recipe: str | None = None, **settings: Any) -> tuple[SequenceOptions, RunOptions]:
@@ -74,75 +51,6 @@ def options(source: str | None = None, *, recipe: str | None = None, **settings:
     return seq, run
 
 
-def _check_run(run: RunOptions) -> torch.device:
-    if timm_input(run.arch) is not None:  # a timm architecture: known to timm, width 1, frozen-backbone methods
-        if run.width != 1.0:
-            raise ConfigError(f"--width does not apply to --arch {run.arch} (timm builds it at its own width); drop --width.")
-        if not METHODS.get(run.method).frozen_backbone:
-            frozen = ", ".join(n for n in METHODS.names() if METHODS.get(n).frozen_backbone)
-            raise ConfigError(f"--arch {run.arch} is a timm backbone, which only --method {frozen} takes; "
-                              f"--method {run.method} trains sbcli's own ResNets.")
-    elif run.arch not in list_models():
-        raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
-    if not 0 < run.width <= MAX_WIDTH:
-        raise ConfigError(f"--width must be above 0 and at most {MAX_WIDTH} (e.g. 0.25 for a quarter-width network).")
-    build_config(run.method, run.method_options)
-    ExemplarMemory(run.memory, run.selection, run.seed)
-    return resolve_device(run.device)
-
-
-def _new_state(run: RunOptions, image_size: int, norm: dict, plan: dict, dataset: str) -> LearnerState:
-    cfg = build_config(run.method, run.method_options)
-    return LearnerState(
-        arch=run.arch, width=run.width, image_size=image_size, normalization=norm, method=run.method,
-        method_config=cfg, train_config=run.train,
-        memory={"budget": run.memory, "selection": run.selection, "seed": run.seed}, seed=run.seed, plan=plan,
-        provenance={"dataset": dataset, "sbcli_version": __version__, "torch_version": torch.__version__,
-                    "python": platform.python_version()},
-    )
-
-
-def sequence_scenario(seq: SequenceOptions, num_classes: int) -> Scenario:
-    """The class order and task split of a sequence; with ``seq.classes``, only the order's first N classes.
-
-    Raises:
-        ConfigError: the class count or the task split does not fit the source.
-    """
-    if seq.classes is None:
-        return make_scenario(num_classes, seq.order_seed, seq.tasks, seq.base, seq.increment, seq.class_order)
-    if not 1 <= seq.classes <= num_classes:
-        raise ConfigError(f"--classes {seq.classes} is outside 1..{num_classes}, the classes of this source.")
-    order = make_scenario(num_classes, seq.order_seed, order=seq.class_order).order[: seq.classes]
-    return Scenario(order=order, sizes=task_sizes(seq.classes, seq.tasks, seq.base, seq.increment))
-
-
-def _check_sequence(seq: SequenceOptions) -> None:
-    """Counts of tasks and classes are refused before any data is read when they cannot be right."""
-    for flag, value in (("--tasks", seq.tasks), ("--base", seq.base), ("--increment", seq.increment),
-                        ("--classes", seq.classes)):
-        if value is not None and value < 1:
-            raise ConfigError(f"{flag} {value} is not a count; give 1 or more.")
-
-
-def _check_folder_source(seq: SequenceOptions) -> None:
-    """A class-per-folder source, from its folder names alone: the test folder's classes and the first task's size."""
-    path = None if seq.source in (None, *BENCHMARKS) else Path(seq.source).expanduser()
-    if path is None or not path.is_dir() or (path / "wnids.txt").is_file():
-        return
-    if seq.test is not None and Path(seq.test).expanduser().is_dir():
-        folder_classes.check_same_classes(path, Path(seq.test).expanduser())
-    names = folder_classes.class_names(path)
-    if names and all(any((path / name).iterdir()) for name in names):  # an empty class folder: the loader names it
-        folder_classes.check_first_task(sequence_scenario(seq, len(names)).sizes)
-
-
-def _check_out(out: Path, resume: bool) -> None:
-    legacy.recover(out)
-    check_output_dir(out, option="--out", resume=resume)
-    if resume and not (out / "learner.json").is_file():
-        raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
-
-
 def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = False, keep: int | None = None,
           on_progress: ProgressFn | None = None, on_step: StepFn | None = None) -> Learner:
     """Learn a whole task sequence, saving the learner to ``out`` after every step.
@@ -150,129 +58,7 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     With ``resume``, continue the sequence stored at ``out`` from its last completed step. ``keep``:
     keep only the last N steps' files (default: every step). ``out`` is locked for the whole run.
     """
-    out = Path(out)
-    device = _check_run(run)
-    _check_keep(keep)
-    _check_sequence(seq)
-    check_dataset_name(seq.dataset_name)
-    _check_folder_source(seq)
-    if distributed.is_main_process():  # rank 0 alone writes: another rank would see its lock file (or add a probe)
-        _check_out(out, resume)
-        preflight.check_writable(out)
-    with writer_lock(out, "train", create=True, enabled=distributed.is_main_process()):
-        return _train(seq, run, out, device, resume, keep, on_progress, on_step)
-
-
-def _check_keep(keep: int | None) -> None:
-    if keep is not None and keep < 1:
-        raise ConfigError(f"--keep {keep} keeps no step; give 1 or more (1 keeps only the current step).")
-
-
-def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.device, resume: bool, keep: int | None,
-           on_progress: ProgressFn | None, on_step: StepFn | None) -> Learner:
-    weights = None
-    timm_in = timm_input(run.arch)  # --arch timm/NAME: its resolution, statistics and weights
-    if (run.pretrained or timm_in) and not resume:  # fetched and checked before any data is read
-        from sbcli.hub import pretrained
-
-        ref = run.pretrained or timm_in.weights
-        weights = pretrained.load(ref, run.arch, run.width, sha256=run.pretrained_sha256)
-    if timm_in is not None:
-        seq = dataclasses.replace(seq, image_size=seq.image_size or timm_in.image_size)
-    spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
-                                        download=seq.download), seq.image_size)
-    opened = open_spec(spec, download=seq.download)
-    sizes = banner.folder_sizes(Path(spec["path"])) if spec["kind"] == "folder" else banner.native_sizes(opened.train.images)
-    record = remember_source(spec, opened.train, opened.test, seq.dataset_name)
-    names = opened.train.class_names
-    scenario = sequence_scenario(seq, len(names))
-    folder_classes.check_first_task(scenario.sizes)
-    opened = resize_opened(only_classes(opened, scenario.order), spec)
-    image_size = spec.get("image_size") or spec_image_size(spec)
-    preflight.check_free_space(out, preflight.save_bytes(run.arch, run.width, len(scenario.order), image_size, run.memory))
-    plan = {"source": record, "scenario": scenario.to_json()}
-    if resume:
-        learner = Learner.load(out, device)
-        stored = learner.state.plan or {}
-        if stored.get("scenario") != plan["scenario"] or not same_source(stored.get("source", {}), record):
-            raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
-    else:
-        # pretrained backbones expect the statistics they were trained with: ImageNet's
-        norm = Normalization(IMAGENET_MEAN, IMAGENET_STD) if weights else (opened.norm or compute_normalization(opened.train.images))
-        if timm_in is not None:  # the statistics timm's pretrained configuration gives the architecture
-            norm = Normalization(timm_in.mean, timm_in.std)
-        state = _new_state(run, image_size, norm.to_json(), plan, spec["kind"])
-        torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
-        model = create_model(run.arch, scenario.sizes[0], run.width, run.train.zero_init_residual)
-        if weights is not None:
-            from sbcli.hub import pretrained
-
-            pretrained.apply(model, weights)
-            state.provenance["pretrained"] = weights.record
-        model = model.to(device)
-        learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
-    ordered = [names[c] for c in scenario.order]
-    _announce_start(on_progress, banner.banner(
-        len(scenario.order), len(opened.train), len(opened.test) if opened.test is not None else 0, image_size, sizes,
-        f"{learner.state.arch}, width x{learner.state.width:g}", learner.state.train_config, device))
-    _announce_plan(on_progress, learner.state, scenario.sizes)
-    for step in range(learner.state.steps, len(scenario.sizes)):
-        torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
-        new = [names[c] for c in scenario.tasks[step]]
-        seen = ordered[: sum(scenario.sizes[: step + 1])]
-        summary_ = _learn(learner, opened, new, seen, ordered, record, device, run.seed, on_progress, seq.test_sample)
-        save_from_main(learner, out, keep)
-        if on_step and distributed.is_main_process():
-            on_step(summary_)
-    return learner
-
-
-def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], ordered: list[str], source: dict,
-           device: torch.device, seed: int, on_progress: ProgressFn | None, carry_sample: bool) -> StepSummary:
-    train_set = relabel(opened.train, ordered, new)
-    test_set = relabel(opened.test, ordered, seen) if opened.test is not None else _empty(opened.train)
-    engine = Engine(learner.state.train_config, device, learner.norm, seed * 1000 + learner.state.steps, on_progress)
-    record = {"classes": new, "source": source}
-    step = learn_step(learner, train_set, test_set, new, engine, record,
-                      seen_train=lambda: relabel(opened.train, ordered, seen))
-    evalsets.carry(learner, test_set, [ordered.index(n) for n in new], carry_sample)
-    return step
-
-
-def _announce_start(on_progress: ProgressFn | None, start: banner.RunBanner) -> None:
-    """Tell a progress callback that has ``on_start`` what the run is about to do (rank 0 only)."""
-    on_start = getattr(on_progress, "on_start", None)
-    if on_start is not None and distributed.is_main_process():
-        on_start(start)
-
-
-def _announce_plan(on_progress: ProgressFn | None, state: LearnerState, sizes: list[int]) -> None:
-    """Tell the watcher the planned epochs of the steps still to run (for ETAs; :class:`sbcli.engine.progress.Progress`)."""
-    if distributed.is_main_process():
-        planned = sequence_epochs(state.method, state.method_config, state.train_config.epochs, sizes, state.steps,
-                                  state.train_config.balance_epochs)
-        progress_of(on_progress).on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})  # task -> epochs
-
-
-def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None:
-    """Save the learner from rank 0 alone (any process when there is one).
-
-    With several processes, every rank first takes rank 0's exemplars and method state, so that
-    all continue from what was written; the others wait until the write is done.
-    """
-    group = distributed.info()
-    memory = learner.memory
-    memory.images, memory.labels, learner.extra = distributed.broadcast_objects(
-        [memory.images, memory.labels, learner.extra], group)
-    if group.is_main:
-        with preflight.save_errors(out):
-            learner.save(out, keep)
-        write_results(learner.state, out)
-    distributed.barrier(group)
-
-
-def _empty(like: ImageSet) -> ImageSet:
-    return ImageSet(like.images[:0], like.labels[:0], like.class_names)
+    return sequence.train(seq, run, out, resume=resume, keep=keep, on_progress=on_progress, on_step=on_step)
 
 
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
@@ -287,65 +73,8 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     The returned summary's ``notes`` say which test images measured the old classes and what
     became of a card or ONNX file that described the previous step; its ``state`` is the learner as saved.
     """
-    _check_keep(keep)
-    opts = options or AddTaskOptions(epochs=epochs, method=method)
-    check_dataset_name(opts.name)
-    opts = dataclasses.replace(opts, epochs=opts.epochs if epochs is None else epochs, method=opts.method or method)
-    with writer_lock(Path(learner_dir), "add-task", enabled=distributed.is_main_process()):
-        return _add_task(Path(learner_dir), folder, test, device, opts, warmup_epochs, keep, on_progress)
-
-
-def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, opts: AddTaskOptions,
-              warmup_epochs: float | None, keep: int | None, on_progress: ProgressFn | None) -> StepSummary:
-    dev = resolve_device(device)
-    learner = Learner.load(learner_dir, dev)
-    preflight.check_writable(learner_dir)
-    if opts.method is not None and opts.method != learner.state.method:
-        raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {opts.method}; "
-                          f"drop --method or start a new learner with `sb train --method {opts.method}`.")
-    if warmup_epochs is not None and warmup_epochs < 0:
-        raise ConfigError(f"--warmup-epochs {warmup_epochs} is negative; give 0 (no warm-up) or more.")
-    growing.check_rehearsal(learner, learner_dir, opts.no_rehearsal)
-    growing.set_balance(learner, opts.balance_epochs)  # checked before any data is read; saved with the step
-    spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=learner.state.image_size,
-                        data_root=None, download=False)
-    if spec["kind"] != "folder":
-        raise DataError(f"{folder} is not a class-per-folder directory; add-task takes one folder per new class.")
-    if test is not None:
-        folder_classes.check_same_classes(Path(spec["path"]), Path(spec["test"]))
-    opened = open_spec(spec)
-    new = list(opened.train.class_names)
-    clash = sorted(set(new) & set(learner.state.class_names))
-    if clash:
-        raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
-    state = learner.state
-    start = banner.banner(len(new), len(opened.train), len(opened.test) if opened.test is not None else 0,
-                          state.image_size, banner.folder_sizes(Path(spec["path"])), f"{state.arch}, width x{state.width:g}",
-                          state.train_config if opts.epochs is None else dataclasses.replace(state.train_config, epochs=opts.epochs), dev)
-    preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
-                                                                 state.image_size, state.memory["budget"]))
-    old = evalsets.test_data(learner, opts.data_roots) if learner.state.tasks else None
-    record = remember_source(spec, opened.train, opened.test, opts.name)
-    if opts.epochs is not None:
-        learner.state.train_config = dataclasses.replace(learner.state.train_config, epochs=opts.epochs)
-    if warmup_epochs is not None:  # recorded: later steps keep it
-        learner.state.train_config = dataclasses.replace(learner.state.train_config, warmup_epochs=warmup_epochs)
-    names = learner.state.class_names + new
-    num_old = len(learner.state.class_names)
-    train_set = relabel(opened.train, names, new)
-    new_test = relabel(opened.test, names, new) if opened.test else _empty(train_set)
-    parts = [p for p in (old.test if old else None, new_test) if p is not None and len(p)]
-    test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else _empty(train_set)
-    published = growing.published_files(learner_dir)
-    cfg = learner.state.train_config
-    _announce_start(on_progress, start)
-    _announce_plan(on_progress, learner.state, [*(learner.state.class_task.count(t) for t in range(learner.state.steps)), len(new)])
-    engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
-    step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": record})
-    evalsets.carry(learner, new_test, list(range(num_old, len(names))), opts.test_sample)
-    save_from_main(learner, learner_dir, keep)
-    notes = ([old.describe()] if old else []) + growing.published_notes(learner_dir, published, learner.state.steps)
-    return dataclasses.replace(step, notes=notes, state=learner.state)
+    return adding.add_task(learner_dir, folder, test, device=device, epochs=epochs, method=method,
+                           warmup_epochs=warmup_epochs, keep=keep, options=options, on_progress=on_progress)
 
 
 def learner_state(learner_dir: Path, step: int | None = None) -> LearnerState:
@@ -362,29 +91,7 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
     """Accuracy of the learner now, or at kept step ``step`` (on ``folder``, else on each task's
     original test set when it is here and unchanged, else on the carried test sample) plus its
     history, summary and ``test_data`` (which images were used, per task)."""
-    dev = resolve_device(device)
-    learner = Learner.load(learner_dir, dev, step)
-    state = learner.state
-    if folder is not None:
-        spec = resolve_spec(str(folder), test=None, image_size=state.image_size, data_root=None, download=False)
-        images = open_spec(spec, train=True, test=False).train
-        unknown = sorted(set(images.class_names) - set(state.class_names))
-        if unknown:
-            raise DataError(f"{folder} has classes the learner does not know ({', '.join(unknown)}); remove those folders.")
-        test = relabel(images, state.class_names, images.class_names)
-        used = {"used": "folder", "tasks": [], "folder": str(folder)}
-    else:
-        chosen = evalsets.test_data(learner, data_roots, required=learner_dir)
-        test, used = chosen.test, chosen.to_json()
-    engine = Engine(state.train_config, dev, learner.norm, state.seed)
-    metrics = evaluate_learner(learner, engine, test)
-    return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
-            "test_images": len(test), "test_data": used, "metrics": metrics.to_json(), "history": state.history,
-            "accuracy_matrix": [h["metrics"]["per_task"] for h in state.history],
-            "summary": history_summary(state.history)}
-
-
-# -- ways out (ONNX, Triton, the Hub, the zoo, serving) live in sbcli.api.out, re-exported above --
+    return evaluation.evaluate(learner_dir, folder, device=device, step=step, data_roots=data_roots)
 
 
 def rollback(learner_dir: Path, step: int) -> dict:
@@ -393,16 +100,4 @@ def rollback(learner_dir: Path, step: int) -> dict:
     Raises:
         LearnerError: the step is not kept (nothing changes), or another writer holds the learner.
     """
-    from sbcli.learner.state import kept_steps
-    from sbcli.learner.store.commit import commit_pointer
-    from sbcli.learner.store.layout import read_stored
-
-    learner_dir = Path(learner_dir)
-    with writer_lock(learner_dir, "rollback"):
-        stored = read_stored(learner_dir)
-        before = stored.current
-        learner = Learner.load(learner_dir, "cpu", step)  # the whole step is read and checked before the switch
-        if step != before:
-            commit_pointer(learner_dir, stored, step)
-    return {"learner": str(learner_dir), "step": step, "previous": before, "classes": learner.state.num_classes,
-            "kept_steps": kept_steps(learner_dir)}
+    return rollbacks.rollback(learner_dir, step)

@@ -63,26 +63,23 @@ def add_task(
     if test is not None:
         paths.folder(test, "test folder")
     from sbcli import api
+    from sbcli.api import frontend
     from sbcli.cli import progress, render
     from sbcli.cli.runs import closing_line, keeping_hint
-    from sbcli.engine import distributed
-    from sbcli.metrics import history_summary
-    from sbcli.run import loggers
-    from sbcli.run.plan import actual_epochs
 
-    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
-    loggers.check_kinds(log or [])
+    main = frontend.is_main_process()  # under torchrun, rank 0 alone prints and logs
+    frontend.check_log_kinds(log or [])
     state = api.learner_state(learner)
     open_logs = None
     if main and log:
         log_options = {"learner": str(learner), "folder": str(folder), "method": state.method,
                        "method_config": dataclasses.asdict(state.method_config),
                        "train": {**dataclasses.asdict(state.train_config), "epochs": epochs or state.train_config.epochs}}
-        before = sum(actual_epochs(state.history))
-        open_logs = lambda: loggers.open_logs(log, learner, log_options, before)  # noqa: E731
+        before = frontend.epochs_trained(state.history)
+        open_logs = lambda: frontend.open_logs(log, learner, log_options, before)  # noqa: E731
     reporter = progress.reporter(quiet or not main, every=max(1, (epochs or state.train_config.epochs) // 10),
                                  open_logs=open_logs)
-    with distributed.session(device), reporter:
+    with frontend.session(device), reporter:
         reporter.note(f"Adding the classes of {folder} to {learner}")
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal,
@@ -96,7 +93,7 @@ def add_task(
         return
     after = step.state if step.state is not None else api.learner_state(learner)  # the API's answer, as saved
     history = after.history
-    result = history_summary(history)
+    result = frontend.history_summary(history)
 
     def show() -> None:
         for table in render.closing_tables(history, result):

@@ -46,12 +46,11 @@ app.command("serve", epilog=serve.EPILOG)(serve.serve)
 @app.command("methods")
 def methods() -> None:
     """List the registered methods and architectures."""
-    from sbcli.methods import METHODS
-    from sbcli.nets import list_models
+    from sbcli.api import frontend
 
-    for name in METHODS.names():
-        typer.echo(f"{name:10s} {METHODS.get(name).summary}")
-    typer.echo("architectures: " + ", ".join(list_models()))
+    for name, summary in frontend.method_summaries().items():
+        typer.echo(f"{name:10s} {summary}")
+    typer.echo("architectures: " + ", ".join(frontend.architectures()))
 
 
 @app.command("version")

@@ -24,8 +24,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn
 
+from sbcli.api.frontend import Callbacks
 from sbcli.cli.render import ERR, fmt
-from sbcli.engine.progress import Callbacks
 
 
 def choose_mode(quiet: bool, console: Console = ERR) -> str:

@@ -14,25 +14,23 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
     import dataclasses
 
     from sbcli import api
+    from sbcli.api import frontend
     from sbcli.cli import progress
-    from sbcli.engine import distributed
-    from sbcli.metrics import history_summary
-    from sbcli.run import loggers
 
-    main = distributed.is_main_process()  # under torchrun, rank 0 alone prints and logs
-    loggers.check_kinds(log or [])
+    main = frontend.is_main_process()  # under torchrun, rank 0 alone prints and logs
+    frontend.check_log_kinds(log or [])
     open_logs = None
     if main and log:
         options = {"sequence": dataclasses.asdict(seq), "run": dataclasses.asdict(run)}
-        open_logs = lambda: loggers.open_logs(log, out, options)  # noqa: E731
+        open_logs = lambda: frontend.open_logs(log, out, options)  # noqa: E731
     reporter = progress.reporter(quiet or not main, every=max(1, run.train.epochs // 10), open_logs=open_logs)
-    with distributed.session(run.device), reporter:
+    with frontend.session(run.device), reporter:
         reporter.note(f"Training {run.method} on {seq.source or 'demo'} → {out}")
         learner = api.train(seq, run, out, resume=resume, keep=keep, on_progress=reporter, on_step=reporter.step)
     if not main:
         return
     history = learner.state.history
-    result = history_summary(history)
+    result = frontend.history_summary(history)
 
     def show() -> None:
         for table in render.closing_tables(history, result):

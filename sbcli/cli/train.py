@@ -66,9 +66,9 @@ def train(
     paths.source(source)  # before torch loads: a mistyped path answers at once
     if test is not None:
         paths.folder(test, "test folder")
+    from sbcli.api.frontend import output_dir
     from sbcli.cli.runs import run_training
     from sbcli.config.options import build_options
-    from sbcli.run.rundirs import output_dir
 
     given = {k: v for k, v in locals().items() if k not in ("json_out", "run_options", "log", "quiet", "keep")}
     seq, run, out_dir = build_options({**given, **run_options})

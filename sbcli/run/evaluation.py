@@ -1,0 +1,39 @@
+"""`sb evaluate`: how a learner on disk (now, or at a kept step) does on a folder or on its own test sets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sbcli.data.catalog import open_spec, relabel, resolve_spec
+from sbcli.engine.device import resolve_device
+from sbcli.engine.loop import Engine
+from sbcli.errors import DataError
+from sbcli.learner.state import Learner
+from sbcli.metrics import history_summary
+from sbcli.run import evalsets
+from sbcli.run.steps import evaluate_learner
+
+
+def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto", step: int | None = None,
+             data_roots: list[Path] | None = None) -> dict:
+    """Accuracy of the learner, its history and summary, and which test images were used (:func:`sbcli.api.evaluate`)."""
+    dev = resolve_device(device)
+    learner = Learner.load(learner_dir, dev, step)
+    state = learner.state
+    if folder is not None:
+        spec = resolve_spec(str(folder), test=None, image_size=state.image_size, data_root=None, download=False)
+        images = open_spec(spec, train=True, test=False).train
+        unknown = sorted(set(images.class_names) - set(state.class_names))
+        if unknown:
+            raise DataError(f"{folder} has classes the learner does not know ({', '.join(unknown)}); remove those folders.")
+        test = relabel(images, state.class_names, images.class_names)
+        used = {"used": "folder", "tasks": [], "folder": str(folder)}
+    else:
+        chosen = evalsets.test_data(learner, data_roots, required=learner_dir)
+        test, used = chosen.test, chosen.to_json()
+    engine = Engine(state.train_config, dev, learner.norm, state.seed)
+    metrics = evaluate_learner(learner, engine, test)
+    return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
+            "test_images": len(test), "test_data": used, "metrics": metrics.to_json(), "history": state.history,
+            "accuracy_matrix": [h["metrics"]["per_task"] for h in state.history],
+            "summary": history_summary(state.history)}

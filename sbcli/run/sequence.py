@@ -1,0 +1,257 @@
+"""`sb train`'s sequence: check everything, open the source once, then learn its tasks one step at a time.
+
+Each step is saved before the next starts (rank 0 alone writes under torchrun); with ``resume`` the
+sequence continues from the last step stored. :mod:`sbcli.run.add_task` grows a learner by one task
+with the helpers here (saving, announcing the plan).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from sbcli import __version__
+from sbcli.config.options import RunOptions, SequenceOptions
+from sbcli.data import folder_classes
+from sbcli.data.catalog import (
+    BENCHMARKS,
+    Opened,
+    compute_normalization,
+    open_spec,
+    relabel,
+    resolve_spec,
+    spec_image_size,
+)
+from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
+from sbcli.data.imageset import ImageSet
+from sbcli.data.records import check_dataset_name, remember_source, same_source
+from sbcli.data.scenario import Scenario, make_scenario, task_sizes
+from sbcli.data.shaping import only_classes, resize_opened, with_image_size
+from sbcli.engine import distributed
+from sbcli.engine.device import resolve_device
+from sbcli.engine.loop import Engine
+from sbcli.engine.progress import ProgressLike, progress_of
+from sbcli.errors import ConfigError, LearnerError
+from sbcli.learner import preflight
+from sbcli.learner.state import Learner, LearnerState
+from sbcli.learner.store import legacy
+from sbcli.learner.store.lock import writer_lock
+from sbcli.learner.store.outputs import check_output_dir
+from sbcli.learner.validate import MAX_WIDTH
+from sbcli.methods import METHODS, build_config
+from sbcli.methods.memory import ExemplarMemory
+from sbcli.nets import create_model, list_models
+from sbcli.nets.timm_backbone import timm_input
+from sbcli.run import banner, evalsets
+from sbcli.run.plan import sequence_epochs
+from sbcli.run.results import write_results
+from sbcli.run.steps import StepSummary, learn_step
+
+StepFn = Callable[[StepSummary], None]
+
+
+def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = False, keep: int | None = None,
+          on_progress: ProgressLike | None = None, on_step: StepFn | None = None) -> Learner:
+    """Learn a whole task sequence, saving the learner to ``out`` after every step (:func:`sbcli.api.train`).
+
+    Everything that can be checked without reading images is checked first; ``out`` is locked for the whole run.
+    """
+    out = Path(out)
+    device = check_run(run)
+    check_keep(keep)
+    _check_sequence(seq)
+    check_dataset_name(seq.dataset_name)
+    _check_folder_source(seq)
+    if distributed.is_main_process():  # rank 0 alone writes: another rank would see its lock file (or add a probe)
+        _check_out(out, resume)
+        preflight.check_writable(out)
+    with writer_lock(out, "train", create=True, enabled=distributed.is_main_process()):
+        return _train(seq, run, out, device, resume, keep, on_progress, on_step)
+
+
+def check_run(run: RunOptions) -> torch.device:
+    """The architecture, width, method options and memory of a run, refused in one sentence; the device to use."""
+    if timm_input(run.arch) is not None:  # a timm architecture: known to timm, width 1, frozen-backbone methods
+        if run.width != 1.0:
+            raise ConfigError(f"--width does not apply to --arch {run.arch} (timm builds it at its own width); drop --width.")
+        if not METHODS.get(run.method).frozen_backbone:
+            frozen = ", ".join(n for n in METHODS.names() if METHODS.get(n).frozen_backbone)
+            raise ConfigError(f"--arch {run.arch} is a timm backbone, which only --method {frozen} takes; "
+                              f"--method {run.method} trains sbcli's own ResNets.")
+    elif run.arch not in list_models():
+        raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
+    if not 0 < run.width <= MAX_WIDTH:
+        raise ConfigError(f"--width must be above 0 and at most {MAX_WIDTH} (e.g. 0.25 for a quarter-width network).")
+    build_config(run.method, run.method_options)
+    ExemplarMemory(run.memory, run.selection, run.seed)
+    return resolve_device(run.device)
+
+
+def check_keep(keep: int | None) -> None:
+    """``--keep N`` keeps the last N steps' files: N is 1 or more."""
+    if keep is not None and keep < 1:
+        raise ConfigError(f"--keep {keep} keeps no step; give 1 or more (1 keeps only the current step).")
+
+
+def sequence_scenario(seq: SequenceOptions, num_classes: int) -> Scenario:
+    """The class order and task split of a sequence; with ``seq.classes``, only the order's first N classes.
+
+    Raises:
+        ConfigError: the class count or the task split does not fit the source.
+    """
+    if seq.classes is None:
+        return make_scenario(num_classes, seq.order_seed, seq.tasks, seq.base, seq.increment, seq.class_order)
+    if not 1 <= seq.classes <= num_classes:
+        raise ConfigError(f"--classes {seq.classes} is outside 1..{num_classes}, the classes of this source.")
+    order = make_scenario(num_classes, seq.order_seed, order=seq.class_order).order[: seq.classes]
+    return Scenario(order=order, sizes=task_sizes(seq.classes, seq.tasks, seq.base, seq.increment))
+
+
+def _check_sequence(seq: SequenceOptions) -> None:
+    """Counts of tasks and classes are refused before any data is read when they cannot be right."""
+    for flag, value in (("--tasks", seq.tasks), ("--base", seq.base), ("--increment", seq.increment),
+                        ("--classes", seq.classes)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} {value} is not a count; give 1 or more.")
+
+
+def _check_folder_source(seq: SequenceOptions) -> None:
+    """A class-per-folder source, from its folder names alone: the test folder's classes and the first task's size."""
+    path = None if seq.source in (None, *BENCHMARKS) else Path(seq.source).expanduser()
+    if path is None or not path.is_dir() or (path / "wnids.txt").is_file():
+        return
+    if seq.test is not None and Path(seq.test).expanduser().is_dir():
+        folder_classes.check_same_classes(path, Path(seq.test).expanduser())
+    names = folder_classes.class_names(path)
+    if names and all(any((path / name).iterdir()) for name in names):  # an empty class folder: the loader names it
+        folder_classes.check_first_task(sequence_scenario(seq, len(names)).sizes)
+
+
+def _check_out(out: Path, resume: bool) -> None:
+    legacy.recover(out)
+    check_output_dir(out, option="--out", resume=resume)
+    if resume and not (out / "learner.json").is_file():
+        raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
+
+
+def _new_state(run: RunOptions, image_size: int, norm: dict, plan: dict, dataset: str) -> LearnerState:
+    cfg = build_config(run.method, run.method_options)
+    return LearnerState(
+        arch=run.arch, width=run.width, image_size=image_size, normalization=norm, method=run.method,
+        method_config=cfg, train_config=run.train,
+        memory={"budget": run.memory, "selection": run.selection, "seed": run.seed}, seed=run.seed, plan=plan,
+        provenance={"dataset": dataset, "sbcli_version": __version__, "torch_version": torch.__version__,
+                    "python": platform.python_version()},
+    )
+
+
+def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.device, resume: bool, keep: int | None,
+           on_progress: ProgressLike | None, on_step: StepFn | None) -> Learner:
+    weights = None
+    timm_in = timm_input(run.arch)  # --arch timm/NAME: its resolution, statistics and weights
+    if (run.pretrained or timm_in) and not resume:  # fetched and checked before any data is read
+        from sbcli.hub import pretrained
+
+        ref = run.pretrained or timm_in.weights
+        weights = pretrained.load(ref, run.arch, run.width, sha256=run.pretrained_sha256)
+    if timm_in is not None:
+        seq = dataclasses.replace(seq, image_size=seq.image_size or timm_in.image_size)
+    spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
+                                        download=seq.download), seq.image_size)
+    opened = open_spec(spec, download=seq.download)
+    sizes = banner.folder_sizes(Path(spec["path"])) if spec["kind"] == "folder" else banner.native_sizes(opened.train.images)
+    record = remember_source(spec, opened.train, opened.test, seq.dataset_name)
+    names = opened.train.class_names
+    scenario = sequence_scenario(seq, len(names))
+    folder_classes.check_first_task(scenario.sizes)
+    opened = resize_opened(only_classes(opened, scenario.order), spec)
+    image_size = spec.get("image_size") or spec_image_size(spec)
+    preflight.check_free_space(out, preflight.save_bytes(run.arch, run.width, len(scenario.order), image_size, run.memory))
+    plan = {"source": record, "scenario": scenario.to_json()}
+    if resume:
+        learner = Learner.load(out, device)
+        stored = learner.state.plan or {}
+        if stored.get("scenario") != plan["scenario"] or not same_source(stored.get("source", {}), record):
+            raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
+    else:
+        # pretrained backbones expect the statistics they were trained with: ImageNet's
+        norm = Normalization(IMAGENET_MEAN, IMAGENET_STD) if weights else (opened.norm or compute_normalization(opened.train.images))
+        if timm_in is not None:  # the statistics timm's pretrained configuration gives the architecture
+            norm = Normalization(timm_in.mean, timm_in.std)
+        state = _new_state(run, image_size, norm.to_json(), plan, spec["kind"])
+        torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
+        model = create_model(run.arch, scenario.sizes[0], run.width, run.train.zero_init_residual)
+        if weights is not None:
+            from sbcli.hub import pretrained
+
+            pretrained.apply(model, weights)
+            state.provenance["pretrained"] = weights.record
+        model = model.to(device)
+        learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
+    ordered = [names[c] for c in scenario.order]
+    announce_start(on_progress, banner.banner(
+        len(scenario.order), len(opened.train), len(opened.test) if opened.test is not None else 0, image_size, sizes,
+        f"{learner.state.arch}, width x{learner.state.width:g}", learner.state.train_config, device))
+    announce_plan(on_progress, learner.state, scenario.sizes)
+    for step in range(learner.state.steps, len(scenario.sizes)):
+        torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
+        new = [names[c] for c in scenario.tasks[step]]
+        seen = ordered[: sum(scenario.sizes[: step + 1])]
+        summary_ = _learn(learner, opened, new, seen, ordered, record, device, run.seed, on_progress, seq.test_sample)
+        save_from_main(learner, out, keep)
+        if on_step and distributed.is_main_process():
+            on_step(summary_)
+    return learner
+
+
+def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], ordered: list[str], source: dict,
+           device: torch.device, seed: int, on_progress: ProgressLike | None, carry_sample: bool) -> StepSummary:
+    train_set = relabel(opened.train, ordered, new)
+    test_set = relabel(opened.test, ordered, seen) if opened.test is not None else empty_like(opened.train)
+    engine = Engine(learner.state.train_config, device, learner.norm, seed * 1000 + learner.state.steps, on_progress)
+    record = {"classes": new, "source": source}
+    step = learn_step(learner, train_set, test_set, new, engine, record,
+                      seen_train=lambda: relabel(opened.train, ordered, seen))
+    evalsets.carry(learner, test_set, [ordered.index(n) for n in new], carry_sample)
+    return step
+
+
+def announce_start(on_progress: ProgressLike | None, start: banner.RunBanner) -> None:
+    """Tell a progress callback that has ``on_start`` what the run is about to do (rank 0 only)."""
+    on_start = getattr(on_progress, "on_start", None)
+    if on_start is not None and distributed.is_main_process():
+        on_start(start)
+
+
+def announce_plan(on_progress: ProgressLike | None, state: LearnerState, sizes: list[int]) -> None:
+    """Tell the watcher the planned epochs of the steps still to run (for ETAs; :class:`sbcli.engine.progress.Progress`)."""
+    if distributed.is_main_process():
+        planned = sequence_epochs(state.method, state.method_config, state.train_config.epochs, sizes, state.steps,
+                                  state.train_config.balance_epochs)
+        progress_of(on_progress).on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})  # task -> epochs
+
+
+def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None:
+    """Save the learner from rank 0 alone (any process when there is one).
+
+    With several processes, every rank first takes rank 0's exemplars and method state, so that
+    all continue from what was written; the others wait until the write is done.
+    """
+    group = distributed.info()
+    memory = learner.memory
+    memory.images, memory.labels, learner.extra = distributed.broadcast_objects(
+        [memory.images, memory.labels, learner.extra], group)
+    if group.is_main:
+        with preflight.save_errors(out):
+            learner.save(out, keep)
+        write_results(learner.state, out)
+    distributed.barrier(group)
+
+
+def empty_like(like: ImageSet) -> ImageSet:
+    """No images, with the classes of ``like`` (a step without test images)."""
+    return ImageSet(like.images[:0], like.labels[:0], like.class_names)
