@@ -35,9 +35,10 @@ def grown_run(tmp_path_factory, color_data) -> dict:
     """cwd, learner, and the stdout/stderr of train and add-task (JSON on stdout)."""
     cwd = tmp_path_factory.mktemp("person")
     logs = [arg for kind in LOGS for arg in ("--log", kind)]
-    # --method sb: a folder's default is STD + WA; these runs show S&B's phases and ablation table
+    # --method sb and --balance-epochs 2: a folder's defaults are STD + WA without balancing; these runs show
+    # S&B's phases, the balancing phase and the ablation table with its +balance column
     train = sb(cwd, "train", color_data["task1_train"], "--test", color_data["task1_test"], "--tasks", 2, "--method", "sb",
-               *SMALL, *logs, "--json")
+               "--balance-epochs", 2, *SMALL, *logs, "--json")
     learner = cwd / json.loads(train.stdout)["learner"]
     add = sb(cwd, "add-task", learner, color_data["task2_train"], "--test", color_data["task2_test"], "--device", "cpu",
              "--quiet", *logs, "--json")

@@ -85,7 +85,7 @@ def test_every_option_of_the_table_states_the_default_a_run_uses_for_each_source
 
 def test_the_help_states_the_own_data_defaults_it_used_to_misstate():
     options = params("train")
-    assert stated(options["balance_epochs"].help) == "2"
+    assert stated(options["balance_epochs"].help) == "0 for folders, 2 for the demo and paper benchmarks"
     assert stated(options["epochs"].help) == "30 for folders, 8 for the demo, 200 for paper benchmarks"
     assert stated(params("bench")["balance_epochs"].help) == "0"
     assert "the learner's own" in params("add-task")["balance_epochs"].help

@@ -94,10 +94,10 @@ def test_train_and_add_task_say_what_they_will_do_before_the_first_epoch(color_d
     lines = res.stderr.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("Found "))
     assert lines[start] == ("Found 2 classes, 48 training images, 16 test images; at 24x24 pixels (resized from 16x16); "
-                            "resnet18, width x0.125; 1 epoch a phase (and 2 of class-balanced fine-tuning after each "
-                            "later step); on cpu in fp32.")
+                            "resnet18, width x0.125; 1 epoch a phase; on cpu in fp32.")  # a folder: no balancing
     assert start < min(i for i, line in enumerate(lines) if " · epoch " in line)  # before any training
-    res = runner.invoke(app, ["add-task", str(learner), str(color_data["task2_train"]), "--device", "cpu", "--epochs", "2"])
+    res = runner.invoke(app, ["add-task", str(learner), str(color_data["task2_train"]), "--device", "cpu", "--epochs", "2",
+                              "--balance-epochs", "2"])
     assert res.exit_code == 0, res.output
     said = [line for line in res.stderr.splitlines() if line.startswith("Found ")]
     assert said == ["Found 2 classes, 48 training images, no test images; at 24x24 pixels (resized from 16x16); "

@@ -362,8 +362,8 @@ def test_sb_train_then_add_task_on_real_images(cifar10_subset, tmp_path):
     for h, bf in ((history[1], 0.5), (history[2], 4 / 6)):  # rho 1: bf = C_old / C_total, from the learner's classes
         record = h["record"]
         assert record["partition"]["bf"] == pytest.approx(bf) and record["partition"]["old"]["classes"] == h["num_classes"] - 2
-        assert [p["name"] for p in h["phases"]] == ["A", "B", "C", "balance"]  # the own-data default balancing
-        assert [p["epochs"] for p in h["phases"]] == [4, 4, 4, 2]
+        assert [p["name"] for p in h["phases"]] == ["A", "B", "C"]  # a folder: no balancing by default
+        assert [p["epochs"] for p in h["phases"]] == [4, 4, 4]
         assert {"after_B", "after_C", "cross_norm_before_disconnect", "wa_factor"} <= set(record)
     res = runner.invoke(app, ["evaluate", str(learner), "--device", "cpu"])
     assert res.exit_code == 0 and "Split-and-Bridge ablation" in res.stdout and "split (after B)" in res.stdout
