@@ -189,7 +189,7 @@ def test_torchrun_train_writes_a_learner_that_continues_in_one_process(color_dat
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD}",
            "-m", "sbcli", "train", str(color_data["task1_train"]), "--test", str(color_data["task1_test"]),
            "--out", str(out), "--method", "sb", "--tasks", "2", "--epochs", "1", "--width", "0.125",
-           "--batch-size", "16", "--memory", "8", "--image-size", "16", "--device", "cpu"]
+           "--batch-size", "16", "--memory", "8", "--image-size", "16", "--device", "cpu", "--balance-epochs", "2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=170, env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -199,7 +199,7 @@ def test_torchrun_train_writes_a_learner_that_continues_in_one_process(color_dat
     assert "history.csv" in names and sorted(names - {"history.csv", "accuracy.png"}) == [".sbcli.lock", "learner.json", "steps"]  # rank 0's results
     learner = Learner.load(out)
     assert learner.state.format_version == FORMAT_VERSION and learner.state.steps == 2
-    assert [p["name"] for p in learner.state.history[1]["phases"]] == ["A", "B", "C", "balance"]  # the default balancing, under DDP
+    assert [p["name"] for p in learner.state.history[1]["phases"]] == ["A", "B", "C", "balance"]  # balancing, under DDP
     assert len(learner.memory) == 8
     step = api.add_task(out, color_data["task2_train"], color_data["task2_test"], device="cpu", epochs=1)
     assert step.step == 3 and step.num_classes == 4
