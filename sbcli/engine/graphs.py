@@ -35,15 +35,16 @@ def device_lr(opt: torch.optim.Optimizer, device: torch.device) -> None:
 
 
 class GraphedStep:
-    """Calls ``step`` eagerly for the first :data:`WARMUP_STEPS` batches, then captures it once and
-    replays it for every batch of the captured size.
+    """Calls ``step`` eagerly for the first :data:`WARMUP_STEPS` full batches, then captures it once and
+    replays it for every full batch (of ``batch_size`` images); a partial batch runs eagerly.
 
     ``generator`` is the device generator the augmentation draws from; ``status`` says whether the
     phase ran as a graph ("on"), had not got to it ("eager: ..."), or why it could not ("off: ...").
     """
 
-    def __init__(self, step: StepFn, device: torch.device, generator: torch.Generator | None) -> None:
+    def __init__(self, step: StepFn, device: torch.device, generator: torch.Generator | None, batch_size: int) -> None:
         self.step = step
+        self.batch_size = batch_size  # only full batches are captured and replayed
         self.device = device
         self.generator = generator
         self.calls = 0
@@ -63,7 +64,7 @@ class GraphedStep:
     def __call__(self, idx: torch.Tensor) -> torch.Tensor:
         """The step's loss for batch ``idx``; a replay's loss tensor is overwritten by the next replay."""
         self.calls += 1
-        if self.failure is not None or (self.static_idx is not None and idx.shape != self.static_idx.shape):
+        if self.failure is not None or len(idx) != self.batch_size:
             return self.step(idx, self.graph is None)
         if self.graph is None and self.calls <= WARMUP_STEPS:
             return self._on_side_stream(idx)

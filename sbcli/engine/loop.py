@@ -234,7 +234,7 @@ class Engine:
         graphed = None
         if self._graphs_on():
             graphs.device_lr(opt, self.device)
-            graphed = graphs.GraphedStep(step, self.device, self.augment_generator)
+            graphed = graphs.GraphedStep(step, self.device, self.augment_generator, self.cfg.batch_size)
         start, seen, loss = time.perf_counter(), 0, float("nan")
         selection = PhaseSelection.start(self.validator, model)
         for epoch in range(1, phase.epochs + 1):
