@@ -91,7 +91,7 @@ DEFAULTS: dict[str, Default] = {
     "incremental_lr": Default(None, text="--lr"),
     "val_fraction": Default(0.0),
     "val_every": Default(0, text="a fifth of the phase"),
-    # the demo gains (+19 points at its last step); a folder under --wa-clip lost 0.7 and 2.2 points (2 seeds)
+    # the demo gains (+19 points at its last step); a folder under --wa-clip lost 0.7 to 2.2 points (3 seeds)
     "balance_epochs": Default(0, train=2, folder=0),
     "balance_lr": Default(0.01),
     # method options whose own-data default differs from the method's (the paper's)

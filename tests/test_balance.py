@@ -96,7 +96,7 @@ def test_the_demo_runs_balance_by_default_and_folders_paper_recipes_and_sb_bench
     from sbcli.config.options import bench_defaults
 
     given = {name: None for name in ("recipe", "source", "out")} | {"out": str(tmp_path / "x")}
-    for source, epochs in ((None, 2), ("photos", 0)):  # a folder under --wa-clip lost accuracy with it (2 seeds)
+    for source, epochs in ((None, 2), ("photos", 0)):  # a folder under --wa-clip lost accuracy with it (3 seeds)
         _, run, _ = options.build_options(given | {"source": source}, options.defaults_for(source))
         assert run.train.balance_epochs == epochs and run.train.incremental_lr is None
     _, asked, _ = options.build_options(given | {"source": "photos", "balance_epochs": 2}, options.defaults_for("photos"))
