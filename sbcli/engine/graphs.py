@@ -51,7 +51,6 @@ class GraphedStep:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.static_idx: torch.Tensor | None = None
         self.static_loss: torch.Tensor | None = None
-        self.replays = 0
         self.failure: str | None = None
         self.side = torch.cuda.Stream(device)
 
@@ -72,7 +71,6 @@ class GraphedStep:
             return self._capture(idx)
         self.static_idx.copy_(idx)
         self.graph.replay()
-        self.replays += 1
         return self.static_loss
 
     def _on_side_stream(self, idx: torch.Tensor) -> torch.Tensor:
@@ -98,5 +96,4 @@ class GraphedStep:
             return self.step(idx, True)
         self.graph, self.static_idx, self.static_loss = graph, static_idx, static_loss
         graph.replay()
-        self.replays += 1
         return static_loss

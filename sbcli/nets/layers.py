@@ -49,3 +49,28 @@ class MaskedLinear(nn.Linear):
         grown.weight[: self.out_features] = self.weight
         grown.bias[: self.out_features] = self.bias
         return grown
+
+
+class GrowingHead(nn.Module):
+    """A network whose classifier is ``self.head`` (a :class:`MaskedLinear`) over pooled features: the
+    head's part of the interface every sbcli network shares (subclasses define ``forward_features``)."""
+
+    head: MaskedLinear
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    @property
+    def num_classes(self) -> int:
+        return self.head.out_features
+
+    def forward_head(self, features: torch.Tensor) -> torch.Tensor:
+        return self.head(features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def expand_classes(self, num_new: int) -> None:
+        """Grow the head by ``num_new`` classes, keeping the old rows and biases."""
+        if num_new > 0:
+            self.head = self.head.expand(num_new)

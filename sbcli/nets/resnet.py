@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from sbcli.nets.layers import MaskedConv2d, MaskedLinear
+from sbcli.nets.layers import GrowingHead, MaskedConv2d, MaskedLinear
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ def _scaled(width: float, channels: int) -> int:
     return max(1, int(round(channels * width)))
 
 
-class IncrementalResNet(nn.Module):
+class IncrementalResNet(GrowingHead):
     """A CIFAR-style ResNet whose last ``split_blocks`` blocks and head can be split in two."""
 
     def __init__(self, arch: str, widths: list[int], blocks: list[int], num_classes: int, split_blocks: int,
@@ -96,26 +96,11 @@ class IncrementalResNet(nn.Module):
             if isinstance(module, BasicBlock):
                 nn.init.zeros_(module.bn2.weight)
 
-    @property
-    def num_classes(self) -> int:
-        return self.head.out_features
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Pooled features [B, num_features] of normalised images [B, 3, H, W]."""
         out = torch.relu(self.bn1(self.conv1(x)))
         out = self.stages(out)
         return torch.flatten(nn.functional.adaptive_avg_pool2d(out, 1), 1)
-
-    def forward_head(self, features: torch.Tensor) -> torch.Tensor:
-        return self.head(features)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def expand_classes(self, num_new: int) -> None:
-        """Grow the head by ``num_new`` classes, keeping the old rows and biases."""
-        if num_new > 0:
-            self.head = self.head.expand(num_new)
 
     def split_blocks_list(self) -> list[BasicBlock]:
         """The partitioned residual blocks, in forward order."""

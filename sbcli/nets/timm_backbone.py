@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from sbcli.errors import ConfigError
-from sbcli.nets.layers import MaskedLinear
+from sbcli.nets.layers import GrowingHead, MaskedLinear
 
 PREFIX = "timm/"
 
@@ -48,7 +48,7 @@ def _build(name: str) -> nn.Module:
                           "`python -c \"import timm; print(timm.list_models('resnet*'))\"` lists them.") from None
 
 
-class TimmBackbone(nn.Module):
+class TimmBackbone(GrowingHead):
     """A timm network's pooled features under sbcli's growing head (the interface of IncrementalResNet)."""
 
     def __init__(self, arch: str, num_classes: int, width: float = 1.0) -> None:
@@ -61,24 +61,9 @@ class TimmBackbone(nn.Module):
         self.num_features = int(self.body.num_features)
         self.head = MaskedLinear(self.num_features, num_classes)
 
-    @property
-    def num_classes(self) -> int:
-        return self.head.out_features
-
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Pooled features [B, num_features] of normalised images [B, 3, H, W]."""
         return self.body(x)
-
-    def forward_head(self, features: torch.Tensor) -> torch.Tensor:
-        return self.head(features)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x))
-
-    def expand_classes(self, num_new: int) -> None:
-        """Grow the head by ``num_new`` classes, keeping the old rows and biases."""
-        if num_new > 0:
-            self.head = self.head.expand(num_new)
 
 
 @dataclass(frozen=True)
