@@ -94,6 +94,7 @@ DEFAULTS: dict[str, Default] = {
     # the demo gains (+19 points at its last step); a folder under --wa-clip lost 0.7 to 2.2 points (3 seeds)
     "balance_epochs": Default(0, train=2, folder=0),
     "balance_lr": Default(0.01),
+    "balance_before_wa": Default(False),  # the authors' order: weight aligning ends the method's step, balancing follows
     # method options whose own-data default differs from the method's (the paper's)
     "wa_clip": Default(False, own=True),  # kept the old classes' head rows (docs/lab/benchmarks.md, "Own-data defaults")
     # how fast and where (no effect on results)

@@ -149,3 +149,22 @@ def test_add_task_can_turn_balancing_on_for_a_learner_that_had_none(tmp_path: Pa
     learner = json.loads((out / "learner.json").read_text())
     assert learner["train_config"]["balance_epochs"] == 1
     assert [p["name"] for p in learner["history"][-1]["phases"]] == ["std", "balance"]
+
+
+@pytest.mark.parametrize("before_wa", [False, True])
+def test_balancing_before_weight_aligning_leaves_the_aligned_head_last(tmp_path: Path, four_colors, before_wa: bool):
+    from sbcli.learner.state import Learner
+
+    cfg = TrainConfig(epochs=1, batch_size=16, balance_epochs=1, balance_before_wa=before_wa)
+    run = api.RunOptions(method="std", width=0.125, train=cfg, memory=16, device="cpu")
+    out = tmp_path / "l"
+    api.train(api.SequenceOptions(source=str(four_colors["train"]), test=str(four_colors["test"]), tasks=2), run, out)
+    stored = json.loads((out / "learner.json").read_text())
+    step2 = stored["history"][-1]
+    assert stored["train_config"]["balance_before_wa"] is before_wa
+    assert [p["name"] for p in step2["phases"]] == ["std", "balance"] and "before_balance" in step2["record"]
+    norms = Learner.load(out).model.head.weight.detach().norm(dim=1)
+    old, new = float(norms[:2].mean()), float(norms[2:].mean())
+    # aligning last leaves the new rows' mean norm equal to the old rows'; balancing last moves it again
+    assert (old == pytest.approx(new, rel=1e-5)) is before_wa
+    assert step2["record"]["wa_factor"] > 0

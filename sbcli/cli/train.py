@@ -35,7 +35,7 @@ EPILOG = """Examples:
   sb train ./photos/train --test ./photos/val --out my-learner
 
 Your own folders default to STD + WA, --epochs a step, the step-1 head rules with clipping in every
-later step, warm-up 1 epoch at lr 0.05 and above, balancing 2 epochs (docs/lab/benchmarks.md,
+later step, warm-up 1 epoch at lr 0.05 and above, no class-balanced fine-tuning (docs/lab/benchmarks.md,
 "Own-data defaults", has what each costs and buys).
 """
 

@@ -74,6 +74,7 @@ class TrainConfig:
     incremental_lr: float | None = base("incremental_lr")  # the lr of every phase after the first step; None: ``lr`` (the paper's)
     balance_epochs: int = base("balance_epochs")  # class-balanced fine-tuning on the memory after each later step (sbcli.methods.balance); 0: none
     balance_lr: float = base("balance_lr")  # its learning rate
+    balance_before_wa: bool = base("balance_before_wa")  # under WA: balance first, then align (default: align, then balance)
 
     def __post_init__(self) -> None:
         if not 0 <= self.val_fraction < 1:

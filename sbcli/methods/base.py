@@ -38,6 +38,8 @@ class TaskContext:
     the learner kept from the previous step (e.g. BiC's correction); ``memory_budget`` the total
     exemplar budget; ``seen_data`` returns the training images of every class seen so far, on the
     device, when the sequence has them (``api.train``), and is None when it does not (``add-task``).
+    ``align`` is False when class-balanced fine-tuning comes between the step and weight aligning
+    (``--balance-before-wa``): the method keeps the head bias at zero and leaves the aligning to the loop.
     """
 
     step: int
@@ -53,6 +55,7 @@ class TaskContext:
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
     memory_budget: int = 0
     seen_data: Callable[[], DeviceData] | None = None
+    align: bool = True  # weight aligning (under --inference wa) ends the step; False: the task loop aligns later
 
     @property
     def lam(self) -> float:

@@ -72,7 +72,7 @@ def run_with_wa(ctx: TaskContext, phase: Phase, wa: bool, clip: bool = False) ->
         hooks = (zero_head_bias, clip_head_weights) if clip else (zero_head_bias,)
         phase = dataclasses.replace(phase, after_step=(*phase.after_step, *hooks))
     result = TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
-    if wa:
+    if wa and ctx.align:
         result.record["before_wa"] = ctx.evaluate().to_json()
         result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
     return result

@@ -119,7 +119,7 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
         phase = Phase("C", bridge_loss(ctx.num_old, ctx.lam), _epochs(cfg.epochs_c, ctx.epochs), teacher=ctx.teacher)
         result.phases.append(ctx.engine.run(ctx.model, ctx.data, phase))
     result.record["after_C"] = ctx.evaluate().to_json()
-    if cfg.inference == "wa":
+    if cfg.inference == "wa" and ctx.align:
         result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
     return result
 

@@ -18,7 +18,7 @@ from sbcli.learner.state import Learner, LearnerState
 from sbcli.methods import METHODS, TaskContext, TaskResult
 from sbcli.methods.balance import balanced_finetune
 from sbcli.methods.base import balance_epochs
-from sbcli.methods.common import frozen_copy
+from sbcli.methods.common import frozen_copy, weight_align
 from sbcli.methods.inference import outside_network, refresh_state, scores
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
@@ -80,17 +80,22 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     method = METHODS.get(state.method)
     cfg = state.method_config
     engine = engine.for_step(step + 1, validator)
+    align_last = _balance_epochs(learner, step) > 0 and cfg.inference == "wa" and state.train_config.balance_before_wa
     ctx = TaskContext(step=step, model=learner.model, teacher=teacher, data=data, num_old=num_old,
                       num_total=state.num_classes, engine=engine, epochs=state.train_config.epochs,
                       evaluate=lambda: evaluate_learner(learner, engine, test),
                       make_aux_model=lambda n: create_model(state.arch, n, state.width).to(engine.device),
                       extra=dict(learner.extra), memory_budget=learner.memory.budget,
-                      seen_data=None if seen_train is None else lambda: _on_device(seen_train(), engine))
+                      seen_data=None if seen_train is None else lambda: _on_device(seen_train(), engine),
+                      align=not align_last)
     result = method.learn_task(ctx, cfg)
     learner.extra.update(result.extra_state)
     learner.memory.update(train.images, train.labels, state.num_classes, lambda x: engine.features(learner.model, x))
     learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
-    if _balance(learner, engine, step, cfg.inference, result, test):
+    balanced = _balance(learner, engine, step, cfg.inference, result, test)
+    if align_last:  # --balance-before-wa: the method left the aligning to after the fine-tuning
+        result.record["wa_factor"] = weight_align(learner.model, num_old)
+    if balanced or align_last:
         learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
     metrics = evaluate_learner(learner, engine, test)
     entry = {"step": step + 1, "num_classes": state.num_classes, "metrics": metrics.to_json()}
@@ -111,11 +116,8 @@ def _balance(learner: Learner, engine: Engine, step: int, inference: str, result
     accuracy before it (``before_balance``) and its phase; True when it ran.
     """
     tc = learner.state.train_config
-    epochs = tc.balance_epochs
-    if step == 0 or len(learner.memory) == 0:
-        return False
-    epochs = balance_epochs(learner.state.method, learner.state.method_config, epochs, asked=False)
-    if epochs <= 0:
+    epochs = _balance_epochs(learner, step)
+    if epochs <= 0 or len(learner.memory) == 0:
         return False
     engine = engine.for_step(engine.task)  # the held-out images picked the method's epochs; this phase keeps its last
     result.record["before_balance"] = evaluate_learner(learner, engine, test).to_json()
@@ -124,6 +126,14 @@ def _balance(learner: Learner, engine: Engine, step: int, inference: str, result
     if report is not None:
         result.phases.append(report)
     return report is not None
+
+
+def _balance_epochs(learner: Learner, step: int) -> int:
+    """The class-balanced fine-tuning epochs after ``step`` (0 after the first, or where the rule takes none)."""
+    if step == 0 or learner.memory.budget <= 0:
+        return 0
+    state = learner.state
+    return balance_epochs(state.method, state.method_config, state.train_config.balance_epochs, asked=False)
 
 
 def _on_device(images: ImageSet, engine: Engine) -> DeviceData:

@@ -235,7 +235,7 @@ def _train_config() -> Check:
     known = {"epochs": _int(1, MAX_EPOCHS), "batch_size": _int(1, MAX_BATCH), "eval_batch_size": _int(1, MAX_BATCH),
              "lr": _number(0, 1e6), "momentum": _number(0, 1), "weight_decay": _number(0, 1e6),
              "milestones": _list(_number(0, 1), 1000), "lr_decay": _number(0, 1e6), "compile": _bool,
-             "cuda_graphs": _bool,
+             "cuda_graphs": _bool, "balance_before_wa": _bool,
              "precision": _str(tuple(PRECISIONS)), "threads": _optional(_int(1, 1024))}
     return _config(TrainConfig, known)
 
