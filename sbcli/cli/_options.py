@@ -67,7 +67,7 @@ RUN_OPTIONS: dict[str, RunOption] = {
     "incremental_lr": _opt("--incremental-lr", Optional[float], "Initial learning rate of every phase after the first step."),
     "balance_epochs": _opt("--balance-epochs", Optional[int], "After each later step, fine-tune this many epochs on the class-balanced exemplar memory (0: none; never under --inference bic)."),
     "balance_lr": _opt("--balance-lr", Optional[float], "Learning rate of that fine-tuning."),
-    "balance_before_wa": _opt("--balance-before-wa/--balance-after-wa", Optional[bool], "Under --inference wa: weight-align after that fine-tuning instead of before it (before, the fine-tuning starts from the aligned head and nothing re-aligns it)."),
+    "balance_before_wa": _opt("--balance-before-wa/--balance-after-wa", Optional[bool], "Under --inference wa: fine-tune first, then weight-align (off: align, then fine-tune the aligned head, which nothing re-aligns)."),
     "memory": _opt("--memory", Optional[int], "Exemplar budget over all classes."),
     "selection": _opt("--selection", Optional[str], "Exemplar choice: random, herding or first."),
     "compile": _opt("--compile", bool, "torch.compile the student and teacher once per phase (minutes to compile; for long GPU runs: no gain measured on CPU).", default=False),
