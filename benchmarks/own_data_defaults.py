@@ -12,6 +12,7 @@ Configurations (:data:`CONFIGS`), all on class-per-folder data as a user has it:
   0.9, weight decay 2e-4 and drops at epochs 4, 7 and 9: PyCIL's WA recipe on this data.
 - ``t20a``: the same with the first 20 classes in name order: the classes PyCIL's WA was measured on
   (25.4 to 26.9 % averaged over steps 1..4), so its ``pycil`` study sets the defaults against it.
+- ``t20x30``: ``t20`` at 30 epochs a step (a folder's default), for the lr study.
 - ``t50``: the first 50 classes, 250 a class, 10 tasks, ResNet-18 x0.25, memory 500, 5 epochs a step.
 - ``c10``: CIFAR-10 at 500 images a class, 5 tasks, ResNet-32, memory 400, 10 epochs a step.
 - ``c5-K``: one task of 5 classes (subset K = 0, 1, 2 of classes 50-64), 250 a class, ResNet-32,
@@ -67,6 +68,7 @@ PYCIL = ("--batch-size", "128", "--lr", "0.01", "--momentum", "0.9", "--weight-d
 R32 = ("--arch", "resnet32")
 CONFIGS: dict[str, Config] = {
     "t20": Config(TINY_ZIP, 80, 100, 250, 4, 10, (*R32, "--memory", "400", *PYCIL)),
+    "t20x30": Config(TINY_ZIP, 80, 100, 250, 4, 30, (*R32, "--memory", "400", *PYCIL)),  # a folder's 30 epochs
     "t20a": Config(TINY_ZIP, 0, 20, 250, 4, 10, (*R32, "--memory", "400", *PYCIL)),
     "t50": Config(TINY_ZIP, 0, 50, 250, 10, 5, ("--arch", "resnet18", "--width", "0.25", "--memory", "500", *PYCIL)),
     "c10": Config("cifar10", 0, 10, 500, 5, 10, (*R32, "--memory", "400", *PYCIL)),
@@ -106,7 +108,7 @@ SEEDS = (0, 1, 2)
 STUDIES: dict[str, tuple[tuple[str, ...], tuple[str, ...], tuple[int, ...]]] = {
     "heads": (("t20",), ("rules", "norules", "waclip"), SEEDS),
     "pycil": (("t20a",), ("norules", "waclip", "rules"), SEEDS),
-    "lr": (("t20",), ("waclip", "waclip-lr1"), SEEDS),
+    "lr": (("t20", "t20x30"), ("waclip", "waclip-lr1"), SEEDS),
     "warmup": (("t20",), ("waclip", "waclip-warm1"), SEEDS),
     "collapse": (("c5-0", "c5-1", "c5-2"), ("first-rules-warm0", "first-rules-warm1", "first-norules-warm0"),
                  (0, 1, 2, 3, 4)),
