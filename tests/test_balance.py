@@ -168,3 +168,17 @@ def test_balancing_before_weight_aligning_leaves_the_aligned_head_last(tmp_path:
     # aligning last leaves the new rows' mean norm equal to the old rows'; balancing last moves it again
     assert (old == pytest.approx(new, rel=1e-5)) is before_wa
     assert step2["record"]["wa_factor"] > 0
+
+
+@pytest.mark.parametrize("extra", [["--balance-epochs", "0"], ["--inference", "icarl"], ["--method", "sb", "--inference", "none"]])
+def test_balancing_before_aligning_is_refused_where_there_is_no_balancing_or_no_aligning(tmp_path: Path, four_colors,
+                                                                                           extra: list[str]):
+    from typer.testing import CliRunner
+
+    from sbcli.cli.app import app
+
+    out = tmp_path / "l"
+    done = CliRunner().invoke(app, ["train", str(four_colors["train"]), "--out", str(out), "--balance-before-wa",
+                                    "--balance-epochs", "2", *extra, "--quiet"])
+    assert done.exit_code != 0 and "--balance-before-wa" in done.output and "Traceback" not in done.output
+    assert not out.exists()

@@ -29,7 +29,7 @@ from sbcli.defaults import base as default_value
 from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError
 from sbcli.methods import METHODS
-from sbcli.methods.base import balance_epochs
+from sbcli.methods.base import balance_epochs, build_config
 from sbcli.methods.options import split_together, together_fields
 
 
@@ -188,6 +188,14 @@ def _own_data_rules(o: dict, given: dict, own: bool) -> None:
         o["first_task_rules"] = False
 
 
+def _balance_before_wa(method: str, method_options: dict, epochs: int) -> None:
+    """An asked --balance-before-wa orders two things the run must have: balancing and weight aligning."""
+    inference = getattr(build_config(method, method_options), "inference", None)
+    if not epochs or inference != "wa":
+        raise ConfigError("--balance-before-wa orders class-balanced fine-tuning and weight aligning: it needs "
+                          "--balance-epochs above 0 and --inference wa; drop it or add them.")
+
+
 def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOptions, RunOptions, Path | None]:
     """(SequenceOptions, RunOptions, out) from options by name; keys that are no setting are ignored.
 
@@ -207,6 +215,8 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
     if o.get("balance_epochs"):  # none under an inference rule that takes none (BiC): a default dropped, an asked one refused
         o["balance_epochs"] = balance_epochs(o.get("method") or RunOptions.method, method_options, o["balance_epochs"],
                                              asked=bool(given.get("balance_epochs")))
+    if given.get("balance_before_wa"):
+        _balance_before_wa(o.get("method") or RunOptions.method, method_options, o.get("balance_epochs") or 0)
     engine = {k: o[k] for k in engine_keys() if o.get(k) is not None}
     if "milestones" in engine:
         engine["milestones"] = _fractions(engine["milestones"])
