@@ -167,7 +167,7 @@ def test_balancing_before_weight_aligning_leaves_the_aligned_head_last(tmp_path:
     old, new = float(norms[:2].mean()), float(norms[2:].mean())
     # aligning last leaves the new rows' mean norm equal to the old rows'; balancing last moves it again
     assert (old == pytest.approx(new, rel=1e-5)) is before_wa
-    assert step2["record"]["wa_factor"] > 0
+    assert step2["record"]["wa_factor"] > 0 and "before_wa" in step2["record"]
 
 
 @pytest.mark.parametrize("extra", [["--balance-epochs", "0"], ["--inference", "icarl"], ["--method", "sb", "--inference", "none"]])

@@ -94,6 +94,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
     balanced = _balance(learner, engine, step, cfg.inference, result, test)
     if align_last:  # --balance-before-wa: the method left the aligning to after the fine-tuning
+        result.record["before_wa"] = evaluate_learner(learner, engine, test).to_json()
         result.record["wa_factor"] = weight_align(learner.model, num_old)
     if balanced or align_last:
         learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
