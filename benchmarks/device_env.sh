@@ -6,7 +6,11 @@ out="${OUT:-$PWD/gpu-results}"
 mkdir -p "$out"
 py="${PYTHON:-python3}"
 if compgen -G ".whl/*.whl" > /dev/null; then
-    "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}" || exit 1
+    # one at a time: a wheel built for another Python (cp312 on a 3.11 machine) is skipped, said on stderr
+    for wheel in .whl/*.whl; do
+        "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            "$wheel" 2>/dev/null || echo "skipped $wheel: not installable by $("$py" -V 2>&1)" >&2
+    done
+    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

@@ -27,7 +27,8 @@ def test_a_folder_defaults_to_std_with_wa_clipping_in_every_step():
     run, method = _opts()
     assert run.method == "std" and method == {"wa_clip": True}  # the step-1 head rules: std's own default, on
     assert build_config("std", run.method_options).first_task_rules is True
-    assert run.train.warmup_epochs == 1.0  # lr 0.1: one epoch of warm-up
+    assert run.train.lr == 0.01 and run.train.warmup_epochs == 0.0  # below lr 0.05: no warm-up
+    assert _opts(lr=0.1)[0].train.warmup_epochs == 1.0  # asked for lr 0.1: one epoch of warm-up
 
 
 def test_the_warm_up_follows_the_lr_unless_given():

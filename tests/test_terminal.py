@@ -222,8 +222,9 @@ def test_tensorboard_log_holds_the_learners_history(grown_run):
     phases = [p for h in steps for p in h["phases"]]
     ends = [sum(p["epochs"] for p in phases[: i + 1]) - 1 for i in range(len(phases))]  # each phase's last epoch
     assert [losses[i] for i in ends] == pytest.approx([p["final_loss"] for p in phases], rel=1e-6, abs=1e-7)
-    # 1 epoch a phase: no decay; the default balancing after step 2 (2 epochs) starts at its own lr, 0.01
-    expected_lr = [lr for p in phases for lr in ([0.01, 0.001] if p["name"] == "balance" else [0.1] * p["epochs"])]
+    # 1 epoch a phase: no decay, at the lr the learner records; the balancing after step 2 (2 epochs) at its own
+    lr = json.loads((grown_run["learner"] / "learner.json").read_text())["train_config"]["lr"]
+    expected_lr = [x for p in phases for x in ([0.01, 0.001] if p["name"] == "balance" else [lr] * p["epochs"])]
     assert [e.value for e in events.Scalars("epoch/lr")] == pytest.approx(expected_lr)
     assert [e.step for e in events.Scalars("epoch/loss")] == list(range(1, len(losses) + 1))  # add-task goes on counting
     assert any(tag.startswith("options") for tag in events.Tags()["tensors"])

@@ -34,8 +34,8 @@ EPILOG = """Examples:
 
   sb train ./photos/train --test ./photos/val --out my-learner
 
-Your own folders default to STD + WA, --epochs a step, the step-1 head rules with clipping in every
-later step, warm-up 1 epoch at lr 0.05 and above, no class-balanced fine-tuning (docs/lab/benchmarks.md,
+Your own folders default to STD + WA, --epochs a step at lr 0.01 (no warm-up below lr 0.05), the
+step-1 head rules with clipping in every later step, no class-balanced fine-tuning (docs/lab/benchmarks.md,
 "Own-data defaults", has what each costs and buys).
 """
 

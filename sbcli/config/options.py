@@ -169,8 +169,8 @@ def _own_data_rules(o: dict, given: dict, own: bool) -> None:
 
     - a method option the table defaults that the chosen method does not take (``--wa-clip`` for sb), or that its
       inference rule does not take (``--wa-clip`` away from WA), is dropped, not refused;
-    - ``own`` (`sb train` on a folder or the demo): no warm-up by default below --lr 0.05 (it lifted the first task
-      at lr 0.1; at lr 0.01 it only takes epochs at full rate), and no step-1 head rules under iCaRL or BiC unless
+    - ``own`` (`sb train` on a folder or the demo): by default one epoch of warm-up at --lr 0.05 and above, none
+      below (it lifted the first task at lr 0.1; at lr 0.01 it only takes epochs at full rate), and no step-1 head rules under iCaRL or BiC unless
       asked (their own code never clamps the head).
     """
     asked = {k for k, v in given.items() if v is not None}
@@ -181,9 +181,10 @@ def _own_data_rules(o: dict, given: dict, own: bool) -> None:
             o[name] = None
     if not own:
         return
-    if "warmup_epochs" not in asked and o.get("warmup_epochs") == DEFAULTS["warmup_epochs"].train \
-            and float(o.get("lr") or default_value("lr")) < LOW_LR_NO_WARMUP:
-        o["warmup_epochs"] = 0.0
+    warmup = DEFAULTS["warmup_epochs"]
+    if "warmup_epochs" not in asked and o.get("warmup_epochs") == warmup.resolve("train", kind_of(o.get("source"))):
+        lr = float(o.get("lr") or default_value("lr"))
+        o["warmup_epochs"] = warmup.train if lr >= LOW_LR_NO_WARMUP else 0.0
     if o.get("inference") in NEVER_CLAMP and "first_task_rules" not in asked:
         o["first_task_rules"] = False
 
