@@ -79,7 +79,7 @@ DEFAULTS: dict[str, Default] = {
     "memory": Default(2000, demo=200),
     "selection": Default("random"),
     # the optimiser and its schedule (the authors' code)
-    # a folder: 0.1 lost 16.7 points over 4 steps at 10 epochs a step (3 seeds) and 10.6 at 30 (docs/lab/benchmarks.md)
+    # a folder: 0.1 lost 16.7 points over 4 steps at 10 epochs a step (3 seeds) and 13.5 at 30 (2 seeds; docs/lab/benchmarks.md)
     "lr": Default(0.1, folder=0.01),
     "momentum": Default(0.9),
     "nesterov": Default(True),
