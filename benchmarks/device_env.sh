@@ -6,10 +6,10 @@ out="${OUT:-$PWD/gpu-results}"
 mkdir -p "$out"
 py="${PYTHON:-python3}"
 if compgen -G ".whl/*.whl" > /dev/null; then
-    # one at a time: a wheel built for another Python (cp312 on a 3.11 machine) is skipped, said on stderr
+    # one at a time: a wheel pip refuses (one built for another Python) is skipped with pip's reason, on stderr
     for wheel in .whl/*.whl; do
-        "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
-            "$wheel" 2>/dev/null || echo "skipped $wheel: not installable by $("$py" -V 2>&1)" >&2
+        why=$("$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            "$wheel" 2>&1) || echo "skipped $wheel: ${why##*$'\n'}" >&2
     done
     export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi

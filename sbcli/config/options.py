@@ -170,8 +170,8 @@ def _own_data_rules(o: dict, given: dict, own: bool) -> None:
     - a method option the table defaults that the chosen method does not take (``--wa-clip`` for sb), or that its
       inference rule does not take (``--wa-clip`` away from WA), is dropped, not refused;
     - ``own`` (`sb train` on a folder or the demo): by default one epoch of warm-up at --lr 0.05 and above, none
-      below (it lifted the first task at lr 0.1; at lr 0.01 it only takes epochs at full rate), and no step-1 head rules under iCaRL or BiC unless
-      asked (their own code never clamps the head).
+      below (it lifted the first task at lr 0.1; at lr 0.01 it only takes epochs at full rate), and no step-1 head
+      rules under iCaRL or BiC unless asked (their own code never clamps the head).
     """
     asked = {k for k, v in given.items() if v is not None}
     spec = METHODS.get(o.get("method") or RunOptions.method) if (o.get("method") or RunOptions.method) in METHODS.names() else None

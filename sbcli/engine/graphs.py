@@ -35,8 +35,8 @@ def device_lr(opt: torch.optim.Optimizer, device: torch.device) -> None:
 
 
 class GraphedStep:
-    """Calls ``step`` eagerly for the first :data:`WARMUP_STEPS` full batches, then captures it once and
-    replays it for every full batch (of ``batch_size`` images); a partial batch runs eagerly.
+    """Calls ``step`` eagerly for its first :data:`WARMUP_STEPS` calls, then captures it once (on a full
+    batch of ``batch_size`` images) and replays it for every full batch; a partial batch runs eagerly.
 
     ``generator`` is the device generator the augmentation draws from; ``status`` says whether the
     phase ran as a graph ("on"), had not got to it ("eager: ..."), or why it could not ("off: ...").

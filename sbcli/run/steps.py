@@ -80,7 +80,8 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     method = METHODS.get(state.method)
     cfg = state.method_config
     engine = engine.for_step(step + 1, validator)
-    align_last = _balance_epochs(learner, step) > 0 and cfg.inference == "wa" and state.train_config.balance_before_wa
+    balance = _balance_epochs(learner, step)
+    align_last = balance > 0 and cfg.inference == "wa" and state.train_config.balance_before_wa
     ctx = TaskContext(step=step, model=learner.model, teacher=teacher, data=data, num_old=num_old,
                       num_total=state.num_classes, engine=engine, epochs=state.train_config.epochs,
                       evaluate=lambda: evaluate_learner(learner, engine, test),
@@ -92,7 +93,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     learner.extra.update(result.extra_state)
     learner.memory.update(train.images, train.labels, state.num_classes, lambda x: engine.features(learner.model, x))
     learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
-    balanced = _balance(learner, engine, step, cfg.inference, result, test)
+    balanced = _balance(learner, engine, balance, cfg.inference, result, test)
     if align_last:  # --balance-before-wa: the method left the aligning to after the fine-tuning
         result.record["before_wa"] = evaluate_learner(learner, engine, test).to_json()
         result.record["wa_factor"] = weight_align(learner.model, num_old)
@@ -109,15 +110,15 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     return StepSummary(step + 1, state.num_classes, metrics, seconds)
 
 
-def _balance(learner: Learner, engine: Engine, step: int, inference: str, result: TaskResult, test: ImageSet) -> bool:
-    """--balance-epochs: class-balanced fine-tuning on the updated memory after a later step (sbcli.methods.balance).
+def _balance(learner: Learner, engine: Engine, epochs: int, inference: str, result: TaskResult, test: ImageSet) -> bool:
+    """--balance-epochs: ``epochs`` of class-balanced fine-tuning on the updated memory (sbcli.methods.balance).
 
-    Never under BiC, whose bias layer was fit on the network as the step left it (the config layer
-    drops the default and refuses an asked one; this guards learners written otherwise). Records the
+    ``epochs`` comes from :func:`_balance_epochs`: 0 under BiC, whose bias layer was fit on the network as
+    the step left it (the config layer drops the default and refuses an asked one; this guards learners
+    written otherwise). Records the
     accuracy before it (``before_balance``) and its phase; True when it ran.
     """
     tc = learner.state.train_config
-    epochs = _balance_epochs(learner, step)
     if epochs <= 0 or len(learner.memory) == 0:
         return False
     engine = engine.for_step(engine.task)  # the held-out images picked the method's epochs; this phase keeps its last
