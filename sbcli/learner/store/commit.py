@@ -38,6 +38,7 @@ from sbcli.learner.store.layout import (
     TMP_PREFIX,
     V1_FILES,
     Stored,
+    is_step_folder,
     read_stored,
 )
 
@@ -240,7 +241,11 @@ def _remove_steps(root: Path, referenced: set[str], point: str) -> None:
         return
     used = {rel.split("/")[1] for rel in referenced if rel.startswith(STEPS_DIR + "/")}
     for folder in sorted(steps.iterdir()):
-        if folder.name not in used and (STEP_DIR.fullmatch(folder.name) or folder.name.startswith(".")):
-            shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
-            checkpoint(point)
+        if folder.name in used or not (STEP_DIR.fullmatch(folder.name) or folder.name.startswith(".")):
+            continue
+        if not is_step_folder(folder):  # not what a save wrote (a user's own folder): never deleted
+            LOG.warning("Left %s alone: it is not a step folder that sbcli wrote.", folder)
+            continue
+        shutil.rmtree(folder)
+        checkpoint(point)
     fsync_dir(steps)

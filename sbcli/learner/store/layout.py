@@ -187,15 +187,66 @@ def is_step_path(rel: str) -> bool:
     return len(parts) == 1 or (len(parts) == 3 and parts[0] == STEPS_DIR and bool(STEP_DIR.fullmatch(parts[1])))
 
 
-def is_store_leftover(name: str) -> bool:
-    """A root entry that a writer owns but that is not a learner: the lock, a step folder, a temporary."""
-    return name in (LOCK_FILE, LOCK_INFO, STEPS_DIR) or name.startswith(TMP_PREFIX)
+# What a learner directory's root may hold besides the steps: its state, the writer lock, the files
+# rewritten after every step (sbcli.run.results), a published learner's card and its one step's files.
+ROOT_FILES = frozenset({STATE_FILE, LOCK_FILE, LOCK_INFO, "history.csv", "accuracy.png", "README.md",
+                        *(name for _, name, _ in STEP_FILES)})
 
 
 def holds_learner(folder: Path) -> bool:
     return (folder / STATE_FILE).is_file()
 
 
+def _plain_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
+def is_step_folder(folder: Path) -> bool:
+    """A folder that a save wrote under ``steps/``: a real directory of nothing but step files.
+
+    Only such a folder is ever deleted as a leftover: a folder of the user's own that happens to have
+    a step's name (``steps/2023/``) holds other files, and is left alone.
+    """
+    names = {name for _, name, _ in STEP_FILES}
+    return folder.is_dir() and not folder.is_symlink() and all(
+        p.name in names and _plain_file(p) for p in folder.iterdir())
+
+
+def is_steps_tree(steps: Path) -> bool:
+    """``steps/`` as saves write it: step-named folders (or a save's hidden ones) that are step folders."""
+    return steps.is_dir() and not steps.is_symlink() and all(
+        (STEP_DIR.fullmatch(p.name) or p.name.startswith(".")) and is_step_folder(p) for p in steps.iterdir())
+
+
 def only_leftovers(folder: Path) -> bool:
-    """True when ``folder`` holds nothing but what an interrupted first save leaves (no learner.json)."""
-    return all(is_store_leftover(p.name) for p in folder.iterdir())
+    """True when ``folder`` holds nothing but what an interrupted first save leaves (no learner.json):
+    the lock, ``learner.json.tmp-*`` files and a ``steps/`` tree of step folders, nothing of anyone else's."""
+    for entry in folder.iterdir():
+        if entry.name == STEPS_DIR:
+            if not is_steps_tree(entry):
+                return False
+        elif not (_store_file(entry.name) and _plain_file(entry)):
+            return False
+    return True
+
+
+def _store_file(name: str) -> bool:
+    """The lock, its note (and the note's temporary while it is replaced), a temporary learner.json."""
+    return name == LOCK_FILE or name.startswith((LOCK_INFO, TMP_PREFIX))
+
+
+def written_by_a_save(folder: Path) -> bool:
+    """``folder`` holds nothing but what a save of sbcli writes: no entry, or a learner's files alone.
+
+    An interrupted save of sbcli 0.1 left such folders beside a learner (``.L.tmp-*``, ``.L.old-*``);
+    a folder of that name holding anything else (a user's backup, photos) is not one, and is never deleted.
+    """
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    for entry in folder.iterdir():
+        if entry.name == STEPS_DIR:
+            if not is_steps_tree(entry):
+                return False
+        elif not ((entry.name in ROOT_FILES or entry.name.startswith(TMP_PREFIX)) and _plain_file(entry)):
+            return False
+    return True

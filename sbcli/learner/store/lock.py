@@ -26,7 +26,7 @@ from sbcli.atomic import write_atomic
 from sbcli.errors import LearnerError
 from sbcli.learner.store import legacy
 from sbcli.learner.store.confine import check_confined
-from sbcli.learner.store.layout import LOCK_FILE, LOCK_INFO, holds_learner, is_store_leftover
+from sbcli.learner.store.layout import LOCK_FILE, LOCK_INFO, holds_learner, only_leftovers
 
 
 def holder_note(command: str) -> dict:
@@ -99,5 +99,5 @@ def _write_note(folder: Path, command: str) -> None:
 
 def _remove_unborn(folder: Path) -> None:
     """A folder this writer created and never committed a learner into: remove what it wrote."""
-    if all(is_store_leftover(p.name) or p.name.startswith(LOCK_INFO) for p in folder.iterdir()):
+    if only_leftovers(folder):
         shutil.rmtree(folder, ignore_errors=True)
