@@ -48,6 +48,7 @@ def rehash(learner: Path) -> None:
     records = state.get("hashes") if isinstance(state, dict) else None
     if not isinstance(records, dict):
         return
+    _record_state(learner, state)
     changed = False
     for rel in list(records):
         file = learner / rel
@@ -58,3 +59,14 @@ def rehash(learner: Path) -> None:
             records[rel] = record
     if changed:
         path.write_text(json.dumps(state, indent=2, allow_nan=True))
+
+
+def _record_state(learner: Path, state: dict) -> None:
+    """Write the current step's state.json as learner.json says it (without the storage keys), as a
+    crafted learner would, so that learner.json agrees with the step's record it is compared with."""
+    files = state.get("files")
+    rel = files.get("state") if isinstance(files, dict) else None
+    if not isinstance(rel, str) or not (learner / rel).is_file():
+        return
+    record = {k: v for k, v in state.items() if k not in ("files", "kept_steps", "keep", "hashes")}
+    (learner / rel).write_text(json.dumps(record, indent=2, allow_nan=True) + "\n")

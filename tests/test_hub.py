@@ -9,6 +9,7 @@ those repositories, so the ONNX exports behind a push run once per module.
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -34,7 +35,7 @@ from sbcli.hub.zoo import sha256_file
 from sbcli.learner.state import Learner
 
 REPO = "tester/colours"
-LEARNER_FILES = ["README.md", "learner.json", "memory.safetensors", "model.onnx", "model.safetensors",
+LEARNER_FILES = ["README.md", "learner.json", "memory.safetensors", "model.onnx", "model.safetensors", "state.json",
                  "test-sample.safetensors"]
 
 
@@ -275,6 +276,10 @@ def relabelled(learner: Path, tmp_path: Path, names: list[str]) -> Path:
     state["history"] = [state["history"][0]] * steps
     state["kept_steps"] = {str(steps): state["files"]}  # format 2: the current step names its files
     state["hashes"] = {rel: state["hashes"][rel] for rel in state["files"].values()}  # and only its files' hashes
+    record = {k: v for k, v in state.items() if k not in ("files", "kept_steps", "keep", "hashes")}
+    raw = json.dumps(record).encode()  # the step's own record says the same (learner.json must agree with it)
+    (copy_dir / state["files"]["state"]).write_bytes(raw)
+    state["hashes"][state["files"]["state"]] = {"sha256": hashlib.sha256(raw).hexdigest(), "size": len(raw)}
     (copy_dir / "learner.json").write_text(json.dumps(state))
     return copy_dir
 

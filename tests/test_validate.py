@@ -177,6 +177,7 @@ def test_a_recorded_source_never_downloads(learner, monkeypatch, tmp_path):
     root = tmp_path / "cifar-root"
     _json(lambda s: s["tasks"][0].__setitem__("source", {"kind": "cifar10", "root": str(root), "download": True}))(
         learner_files(learner))
+    rehash(learner)  # recorded so, as by an older sbcli: its step's own record says the same
     before = hashes(learner)
     res = runner.invoke(app, ["evaluate", str(learner), "--device", "cpu"])
     # the recorded folder is missing: the learner's carried test sample stands in, and says so
@@ -191,6 +192,7 @@ def test_a_recorded_source_never_downloads(learner, monkeypatch, tmp_path):
             files.pop("test_sample")
 
     _json(drop_sample)(learner_files(learner))
+    rehash(learner)
     res = runner.invoke(app, ["evaluate", str(learner), "--device", "cpu"])
     assert res.exit_code == 1 and "no test images to evaluate on" in res.stderr, res.output
     assert not any(asked) and not root.exists()

@@ -203,6 +203,8 @@ def _step_state(stored: Stored, step: int | None) -> LearnerState:
     stored.step_files(step)
     data, where = stored.step_state(stored.current if step is None else step)
     validate.check_state_json(data, where)
+    if step is None or step == stored.current:
+        stored.check_agrees()  # learner.json, which no hash covers, says what the step's hashed record says
     if not isinstance(data, dict):
         raise LearnerError(f"{where} holds a JSON {type(data).__name__}, not an object; restore it from a copy.")
     try:

@@ -120,12 +120,14 @@ def write_flat(folder: Path, payload: dict[str, bytes], state: dict[str, Any]) -
     """A one-step learner with its files at the root of a new folder (what a push uploads)."""
     folder.mkdir(parents=True)
     files, hashes = {}, {}
+    state = {**state, "format_version": FORMAT_VERSION}
+    payload = {**payload, "state": state_bytes(state)}  # hashed: learner.json must agree with it (Stored.check_agrees)
     for key, name, _required in STEP_FILES:
         if key in payload:
             write_durable(folder / name, payload[key], key)
             files[key], hashes[name] = name, digest_bytes(payload[key])
     step = len(state["history"])
-    write_durable(folder / STATE_FILE, state_bytes({**state, "format_version": FORMAT_VERSION, "files": files,
+    write_durable(folder / STATE_FILE, state_bytes({**state, "files": files,
                                                     "kept_steps": {str(step): files}, "keep": None,
                                                     HASHES_KEY: hashes}), STATE_FILE)
 

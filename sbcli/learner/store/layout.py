@@ -94,7 +94,11 @@ class Stored:
         return self.kept[n]
 
     def step_state(self, step: int) -> tuple[Any, Path]:
-        """The state JSON of kept ``step`` and the file it came from."""
+        """The state JSON of kept ``step`` and the file it came from.
+
+        For the current step that is ``learner.json``, which no hash covers: once its fields are checked,
+        the reader calls :meth:`check_agrees`.
+        """
         if step == self.current:
             return self.state, self.root / STATE_FILE
         rel = self.step_files(step).get("state")
@@ -103,6 +107,24 @@ class Stored:
         where = self.root / rel
         return read_json_bytes(bytes(self.read(rel)), where), where
 
+    def check_agrees(self) -> None:
+        """``learner.json`` says what the current step's hashed ``state.json`` says, field by field.
+
+        Raises:
+            LearnerError: a field differs (an edit of learner.json: labels swapped, normalisation changed).
+        """
+        rel = self.files.get("state")
+        if rel is None or rel not in self.hashes:  # a step without its own record, or from before the hashes
+            return
+        recorded = read_json_bytes(bytes(self.read(rel)), self.root / rel)
+        if not isinstance(recorded, dict):
+            raise LearnerError(f"{self.root / rel} holds no JSON object; {RESTORE}.")
+        differs = sorted(k for k in set(self.state) | set(recorded) if k != "format_version"
+                         and _canonical(self.state.get(k)) != _canonical(recorded.get(k)))
+        if differs:
+            raise LearnerError(f"{self.root / STATE_FILE} disagrees with the step's hashed record {rel} on "
+                               f"{', '.join(differs[:3])}: it was edited after it was saved; {RESTORE}.")
+
     def read(self, rel: str) -> bytearray:
         """The bytes of the named file ``rel``, checked against its recorded SHA-256 and size (when recorded)."""
         return read_verified(self.root / rel, self.hashes.get(rel))
@@ -110,6 +132,11 @@ class Stored:
     def referenced(self) -> set[str]:
         """Every path (relative to the root) that a kept step names."""
         return {rel for files in self.kept.values() for rel in files.values()}
+
+
+def _canonical(value: Any) -> str:
+    """One text for equal JSON values (NaN equals NaN here, as it does not in Python)."""
+    return json.dumps(value, sort_keys=True, allow_nan=True)
 
 
 def read_json_bytes(raw: bytes, where: Path) -> Any:
