@@ -8,12 +8,15 @@ or a silently endless or partial listing.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat as stat_module
 from collections.abc import Iterator
 from pathlib import Path
 
 from sbcli.errors import DataError
+
+SHOWN_PATH = 160  # characters of a too-long path a message shows
 
 
 def stat(path: Path) -> os.stat_result:
@@ -29,6 +32,10 @@ def stat(path: Path) -> os.stat_result:
 
 
 def _unreadable(path: Path, err: OSError) -> str:
+    if err.errno == errno.ENAMETOOLONG:  # before is_symlink, which fails on such a path too
+        shown = str(path) if len(str(path)) <= SHOWN_PATH else str(path)[:SHOWN_PATH] + "..."
+        return (f"The path {shown} ({len(str(path)):,} characters) is longer than the system allows; "
+                "move the images to a folder nested less deep.")
     if path.is_symlink():
         try:
             target = os.readlink(path)
@@ -53,12 +60,39 @@ def walk_files(folder: Path) -> Iterator[Path]:
 def walk_stats(folder: Path) -> Iterator[tuple[Path, os.stat_result]]:
     """Every file below ``folder`` in sorted order with its ``stat`` (links followed): one stat call a file.
 
+    A folder's files come first (sorted), then its subfolders' in turn. The walk keeps its own stack
+    rather than recursing, so that a tree nested thousands of folders deep is walked, not a RecursionError.
+
     Raises:
         DataError: a symlink loops back to a folder above it, a link dangles, or a folder cannot be read.
     """
     folder = Path(folder)
-    st = stat(folder)
-    yield from _walk(folder, {(st.st_dev, st.st_ino): folder})
+    key = _key(stat(folder))
+    ancestors = {key: folder}  # the folders from ``folder`` down to the one being listed: a loop's targets
+    files, dirs = _split(folder)
+    yield from files
+    stack = [(key, iter(dirs))]  # per open folder: its key, and its subfolders not walked yet
+    while stack:
+        key, pending = stack[-1]
+        nxt = next(pending, None)
+        if nxt is None:
+            stack.pop()
+            del ancestors[key]
+            continue
+        path, st = nxt
+        child = _key(st)
+        if child in ancestors:
+            link = next((p for p in (path, *path.parents) if p.is_symlink()), path)
+            raise DataError(f"{link} is a symlink loop: {path} leads back to {ancestors[child]}; remove the link.")
+        ancestors[child] = path
+        files, dirs = _split(path)
+        yield from files
+        stack.append((child, iter(dirs)))
+
+
+def _key(st: os.stat_result) -> tuple[int, int]:
+    """What identifies a folder whatever path leads to it."""
+    return st.st_dev, st.st_ino
 
 
 def _entries(folder: Path) -> list[tuple[str, os.stat_result]]:
@@ -77,17 +111,10 @@ def _entries(folder: Path) -> list[tuple[str, os.stat_result]]:
     return out
 
 
-def _walk(folder: Path, ancestors: dict[tuple[int, int], Path]) -> Iterator[tuple[Path, os.stat_result]]:
+def _split(folder: Path) -> tuple[list[tuple[Path, os.stat_result]], list[tuple[Path, os.stat_result]]]:
+    """The files and the subfolders of ``folder``, each with its stat, sorted by name."""
+    files: list[tuple[Path, os.stat_result]] = []
     dirs: list[tuple[Path, os.stat_result]] = []
     for name, st in _entries(folder):
-        path = folder / name
-        if stat_module.S_ISDIR(st.st_mode):
-            dirs.append((path, st))
-        else:
-            yield path, st
-    for path, st in dirs:
-        key = (st.st_dev, st.st_ino)
-        if key in ancestors:
-            link = next((p for p in (path, *path.parents) if p.is_symlink()), path)
-            raise DataError(f"{link} is a symlink loop: {path} leads back to {ancestors[key]}; remove the link.")
-        yield from _walk(path, {**ancestors, key: path})
+        (dirs if stat_module.S_ISDIR(st.st_mode) else files).append((folder / name, st))
+    return files, dirs

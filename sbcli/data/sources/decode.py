@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import UnidentifiedImageError
 
 from sbcli.data import pixels, progress, walk
 from sbcli.data.imageset import ImageSet
@@ -59,7 +60,9 @@ def _decode_one(key: str, read: Callable[[str], bytes], describe: Callable[[str]
     try:
         return decode_image(data, image_size, describe(key))
     except (OSError, SyntaxError, ValueError) as err:
-        raise DataError(f"Cannot decode image {describe(key)} ({err}); remove or replace the file.") from err
+        # Pillow names what it read from (a BytesIO here) when no format matches: say why without it
+        reason = "not an image format Pillow reads" if isinstance(err, UnidentifiedImageError) else str(err)
+        raise DataError(f"Cannot decode image {describe(key)} ({reason}); remove or replace the file.") from err
 
 
 def _decode_chunk(

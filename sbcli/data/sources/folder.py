@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sbcli.data import progress
+from sbcli.data import pixels, progress
 from sbcli.data.imageset import ImageSet
 from sbcli.data.sources.cache import DecodeCache, fingerprint, stat_line
 from sbcli.data.sources.decode import decode_many, is_image_name, to_imageset
@@ -56,8 +56,10 @@ def load_folder(root: Path, image_size: int, *, cache: DecodeCache | None) -> Fo
         The images and the count of files skipped as not images.
 
     Raises:
-        DataError: the folder is missing, has no class folders, a class folder has no images,
-            or an image cannot be decoded (the message names the file).
+        DataError: the folder is missing, has no class folders, a class folder has no images, an
+            image file is not a regular file or is larger than ``pixels.MAX_IMAGE_BYTES`` (both
+            refused while listing, before anything is decoded), or an image cannot be decoded (the
+            message names the file).
         ConfigError: ``image_size`` is not positive.
     """
     if image_size < 1:
@@ -80,8 +82,8 @@ def load_folder(root: Path, image_size: int, *, cache: DecodeCache | None) -> Fo
 
 
 def _read_path(key: str) -> bytes:
-    """The bytes of a file named by its path."""
-    return Path(key).read_bytes()
+    """The bytes of an image file named by its path (a regular file of bounded size)."""
+    return pixels.read_image_file(Path(key))
 
 
 def _scan_folder(root: Path) -> _FolderListing:
@@ -121,6 +123,7 @@ def _scan_class(class_dir: Path, skipped: list[str], stat_lines: list[str],
         stat_lines.append(stat_line(name, path, st))
         listed.add()
         if is_image_name(path.name):
+            pixels.check_image_file(path, st)  # a FIFO or a huge file refused now, not after decoding the rest
             images.append(path)
         else:
             skipped.append(name)  # hidden files too: macOS "._x.jpg" files are not images

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import stat
 import zipfile
 from collections import Counter, defaultdict
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from sbcli.data import pixels, walk
 from sbcli.data.imageset import ImageSet
 from sbcli.data.sources.cache import DecodeCache, fingerprint, stat_line
 from sbcli.data.sources.decode import decode_many, is_image_name, to_imageset, walk_files
@@ -44,7 +46,7 @@ class _DirTree:
     root: Path
 
     def read(self, rel: str) -> bytes:
-        return (self.root / rel).read_bytes()
+        return pixels.read_image_file(self.root / rel)  # the text files too: all well under its cap
 
     def exists(self, rel: str) -> bool:
         return (self.root / rel).is_file()
@@ -53,7 +55,8 @@ class _DirTree:
         folder = self.root / rel_dir
         if not folder.is_dir():
             return []
-        return sorted(f"{rel_dir}/{p.name}" for p in folder.iterdir() if p.is_file())
+        # not only regular files: a FIFO or a device named like an image is refused when read, not skipped
+        return sorted(f"{rel_dir}/{p.name}" for p in folder.iterdir() if not p.is_dir())
 
     def describe(self, rel: str) -> str:
         return str(self.root / rel)
@@ -77,7 +80,15 @@ class _ZipTree:
                 self._children[rel.rpartition("/")[0]].append(rel)
 
     def read(self, rel: str) -> bytes:
-        return self.archive.read(self.prefix + rel)  # ZipFile serialises concurrent reads itself
+        """The member's bytes, refused from its stated size before it is inflated (a zip bomb is small)."""
+        info = self.archive.getinfo(self.prefix + rel)
+        if info.file_size > pixels.MAX_IMAGE_BYTES:
+            raise pixels.too_large(self.describe(rel), info.file_size)
+        with self.archive.open(info) as member:  # ZipFile serialises concurrent reads itself
+            data = member.read(pixels.MAX_IMAGE_BYTES + 1)  # the stated size could lie
+        if len(data) > pixels.MAX_IMAGE_BYTES:
+            raise pixels.too_large(self.describe(rel), len(data))
+        return data
 
     def exists(self, rel: str) -> bool:
         return rel in self._files
@@ -143,6 +154,10 @@ def _open_tiny_tree(path: Path) -> Iterator[_Tree]:
     if path.is_dir():
         yield _DirTree(_find_tiny_root(path))
         return
+    mode = walk.stat(path).st_mode
+    if not stat.S_ISREG(mode):  # opening a FIFO would wait forever for a writer
+        raise DataError(f"{path} is {pixels.file_kind(path, mode)}, not a zip file; "
+                        "pass the Tiny-ImageNet folder or its official .zip.")
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as err:
