@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from sbcli.engine import distributed
-from sbcli.errors import DeviceError
+from sbcli.errors import ConfigError, DeviceError
 
 
 def resolve_device(name: str) -> torch.device:
@@ -110,6 +110,30 @@ def runnable_tasks(samples: int = 3, pause: float = 0.005) -> int | None:
     return sorted(counts)[len(counts) // 2]
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity where the system says, else every core)."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return max(1, os.cpu_count() or 1)
+
+
+def check_cpu_threads(threads: int | None, option: str = "--threads") -> None:
+    """A thread count asked for: at least 1 and at most the cores this machine has.
+
+    More threads than cores only contend (the OpenMP pool starts them all: ``--threads 5000`` started
+    about 10,000 threads on 2 cores and starved the machine; 100,000 crashed).
+
+    Raises:
+        ConfigError: one sentence with the machine's core count.
+    """
+    if threads is None:
+        return
+    cores = cpu_cores()
+    if not 1 <= threads <= cores:
+        raise ConfigError(f"{option} {threads} is outside 1..{cores}, the CPU cores this machine has; "
+                          f"give at most {cores} (or leave it out: sbcli then uses the cores other work leaves free).")
+
+
 def free_threads(limit: int, cores: int | None = None, running: int | None = None) -> int:
     """Threads for a CPU computation that starts now: the cores that other running work leaves free (at least 1, at most ``limit``)."""
     running = runnable_tasks() if running is None else running
@@ -129,7 +153,7 @@ def compute_threads(threads: int | None) -> Iterator[None]:
     before = torch.get_num_threads()
     if threads is None:
         threads = free_threads(before)
-    torch.set_num_threads(threads)
+    torch.set_num_threads(min(threads, cpu_cores()))  # a learner's recorded count may be another machine's
     try:
         yield
     finally:

@@ -35,6 +35,7 @@ HUB_HINT = 'install the Hub extra: pip install "sbcli[hub]"'
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 ONNX_FILE = "model.onnx"
 CARD_FILE = "README.md"
+MAX_TIMEOUT_S = 3600.0  # an hour: longer is a hang, not a wait
 GIT_FILES = (".gitattributes",)
 
 
@@ -53,6 +54,11 @@ class HubConfig:
     token: str | None = None
     timeout: float = 10.0
     offline: bool = False
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.timeout, (int, float)) and 0 < self.timeout <= MAX_TIMEOUT_S):
+            raise ConfigError(f"--timeout {self.timeout} is not a number of seconds in (0, {MAX_TIMEOUT_S:g}]; "
+                              "give e.g. 10 (a Hub that does not answer by then is treated as unreachable).")
 
 
 @dataclass(frozen=True)

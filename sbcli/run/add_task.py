@@ -21,7 +21,7 @@ from sbcli.engine.device import resolve_device
 from sbcli.engine.loop import Engine
 from sbcli.engine.progress import ProgressLike
 from sbcli.errors import ConfigError, DataError
-from sbcli.learner import preflight
+from sbcli.learner import preflight, validate
 from sbcli.learner.state import Learner
 from sbcli.learner.store.lock import writer_lock
 from sbcli.run import banner, evalsets, growing
@@ -51,10 +51,9 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     if opts.method is not None and opts.method != learner.state.method:
         raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {opts.method}; "
                           f"drop --method or start a new learner with `sb train --method {opts.method}`.")
-    if warmup_epochs is not None and warmup_epochs < 0:
-        raise ConfigError(f"--warmup-epochs {warmup_epochs} is negative; give 0 (no warm-up) or more.")
     growing.check_rehearsal(learner, learner_dir, opts.no_rehearsal)
     growing.set_balance(learner, opts.balance_epochs)  # checked before any data is read; saved with the step
+    _set_schedule(learner, opts.epochs, warmup_epochs)
     spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=learner.state.image_size,
                         data_root=None, download=False)
     if spec["kind"] != "folder":
@@ -69,15 +68,11 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     state = learner.state
     start = banner.banner(len(new), len(opened.train), len(opened.test) if opened.test is not None else 0,
                           state.image_size, banner.folder_sizes(Path(spec["path"])), f"{state.arch}, width x{state.width:g}",
-                          state.train_config if opts.epochs is None else dataclasses.replace(state.train_config, epochs=opts.epochs), dev)
+                          state.train_config, dev)
     preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
                                                                  state.image_size, state.memory["budget"]))
     old = evalsets.test_data(learner, opts.data_roots) if learner.state.tasks else None
     record = remember_source(spec, opened.train, opened.test, opts.name)
-    if opts.epochs is not None:
-        learner.state.train_config = dataclasses.replace(learner.state.train_config, epochs=opts.epochs)
-    if warmup_epochs is not None:  # recorded: later steps keep it
-        learner.state.train_config = dataclasses.replace(learner.state.train_config, warmup_epochs=warmup_epochs)
     names = learner.state.class_names + new
     num_old = len(learner.state.class_names)
     train_set = relabel(opened.train, names, new)
@@ -94,3 +89,11 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     save_from_main(learner, learner_dir, keep)
     notes = ([old.describe()] if old else []) + growing.published_notes(learner_dir, published, learner.state.steps)
     return dataclasses.replace(step, notes=notes, state=learner.state)
+
+
+def _set_schedule(learner: Learner, epochs: int | None, warmup_epochs: float | None) -> None:
+    """`--epochs` and `--warmup-epochs` (recorded: later steps keep them), checked by the rules a load applies."""
+    cfg = learner.state.train_config
+    changes = {k: v for k, v in (("epochs", epochs), ("warmup_epochs", warmup_epochs)) if v is not None}
+    validate.check_settings({"train_config": {**dataclasses.asdict(cfg), **changes}})
+    learner.state.train_config = dataclasses.replace(cfg, **changes)

@@ -32,7 +32,7 @@ from sbcli.data.records import check_dataset_name, remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.data.shaping import only_classes, resize_opened, with_image_size
 from sbcli.engine import distributed
-from sbcli.engine.device import resolve_device
+from sbcli.engine.device import check_cpu_threads, resolve_device
 from sbcli.engine.loop import Engine
 from sbcli.engine.progress import ProgressLike, progress_of
 from sbcli.errors import ConfigError, LearnerError
@@ -41,6 +41,7 @@ from sbcli.learner.state import Learner, LearnerState
 from sbcli.learner.store import legacy
 from sbcli.learner.store.lock import writer_lock
 from sbcli.learner.store.outputs import check_output_dir
+from sbcli.learner import validate
 from sbcli.learner.validate import MAX_WIDTH
 from sbcli.methods import METHODS, build_config
 from sbcli.methods.memory import ExemplarMemory
@@ -86,7 +87,12 @@ def check_run(run: RunOptions) -> torch.device:
         raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
     if not 0 < run.width <= MAX_WIDTH:
         raise ConfigError(f"--width must be above 0 and at most {MAX_WIDTH} (e.g. 0.25 for a quarter-width network).")
-    build_config(run.method, run.method_options)
+    cfg = build_config(run.method, run.method_options)
+    check_cpu_threads(run.train.threads)
+    validate.check_settings({"arch": run.arch, "width": run.width, "method": run.method,
+                             "method_config": dataclasses.asdict(cfg), "train_config": dataclasses.asdict(run.train),
+                             "memory": {"budget": run.memory, "selection": run.selection, "seed": run.seed},
+                             "seed": run.seed})
     ExemplarMemory(run.memory, run.selection, run.seed)
     return resolve_device(run.device)
 
@@ -117,6 +123,11 @@ def _check_sequence(seq: SequenceOptions) -> None:
                         ("--classes", seq.classes)):
         if value is not None and value < 1:
             raise ConfigError(f"{flag} {value} is not a count; give 1 or more.")
+    if seq.image_size is not None:
+        validate.check_settings({"image_size": seq.image_size})
+    if seq.order_seed is not None and not 0 <= seq.order_seed < 2**32:  # numpy's seed range
+        raise ConfigError(f"--order-seed {seq.order_seed} is outside 0..{2**32 - 1}; give a seed in that range "
+                          "(or -1 to keep the dataset's own order).")
 
 
 def _check_folder_source(seq: SequenceOptions) -> None:

@@ -100,8 +100,10 @@ def _number(lo: float, hi: float, *, lo_open: bool = False, nan: bool = False) -
                 return None
             if math.isfinite(v) and (lo < v if lo_open else lo <= v) and v <= hi:
                 return None
+        if lo <= -1e300 and hi >= 1e300:
+            return f"must be a finite number, found {_found(v)}"
         side = "above" if lo_open else "from"
-        return f"must be a number {side} {lo} up to {hi}, found {_found(v)}"
+        return f"must be a number {side} {lo:g} up to {hi:g}, found {_found(v)}"
     return check
 
 
@@ -213,6 +215,8 @@ def _source(v: Any) -> str | None:
 
     kinds = SOURCE_KINDS
     if is_record(v):
+        if "kind" not in v:
+            return ".kind is missing"
         problem = _str(kinds)(v["kind"])
         return _join(".kind", problem) if problem else _strip(record_problem(v, MAX_CLASSES))
     fields = {"kind": _str(kinds), "path": _str(), "root": _str(), "test": _str(), "download": _bool,
@@ -336,3 +340,37 @@ def _cross_check(data: dict) -> str | None:
         if unknown:
             return f"tasks[{i}] names the class {unknown[0]!r}, which is not in class_names"
     return None
+
+
+# -- settings about to be recorded ---------------------------------------------------------------
+
+# Where a recorded field's value comes from on the command line, when not --FIELD-NAME.
+_OPTION_OF = {"memory.budget": "--memory", "memory.seed": "--seed", "memory.selection": "--selection"}
+
+
+def check_settings(settings: dict[str, Any]) -> None:
+    """Refuse settings a run is about to record by the very rules a load applies to ``learner.json``.
+
+    A value the loader would call damage (``--lr nan``, ``--momentum 2``, ``--batch-size 10**12``,
+    ``--seed 2**70``) is refused before any work, rather than written into a learner that every
+    later command then refuses.
+
+    Args:
+        settings: fields of ``learner.json`` as a run records them (``train_config``, ``method``,
+            ``method_config``, ``memory``, ``seed``, ``arch``, ``width``, ``image_size``; any subset),
+            dataclasses as their ``asdict``.
+
+    Raises:
+        ConfigError: one sentence naming the option and the allowed range.
+    """
+    from sbcli.errors import ConfigError
+
+    data = json.loads(json.dumps(settings, allow_nan=True))  # tuples as lists, exactly as saved
+    checks = {**_state_fields(), **({"method_config": _method_config(data["method"])} if "method" in data else {})}
+    for key, value in data.items():
+        problem = checks[key](value) if key in checks else None
+        if problem:
+            field, _, rest = _join(key, problem).partition(" ")
+            name = field.split(".", 1)[1] if key in ("train_config", "method_config") else field
+            option = _OPTION_OF.get(field, "--" + name.replace("_", "-"))
+            raise ConfigError(f"{option} {rest}; a learner saved with it could not be loaded again.")
