@@ -34,6 +34,7 @@ from sbcli.errors import ConfigError
 from sbcli.export import onnx as onnx_export
 from sbcli.export.serving import EXPORTER
 from sbcli.serve.app import ServeConfig, Server, create_app
+from sbcli.serve.guard import GuardedProtocol
 from sbcli.serve.model import open_onnx
 from sbcli.serve.predict import predict
 from sbcli.serve.predict import top_k as rank
@@ -52,7 +53,8 @@ def running(cfg: ServeConfig) -> Iterator[tuple[str, Server]]:
     """A server in a thread of this process; its URL and state."""
     server = Server(cfg)
     port = free_port()
-    userver = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning"))
+    userver = uvicorn.Server(uvicorn.Config(create_app(server), host="127.0.0.1", port=port, log_level="warning",
+                                           http=GuardedProtocol))  # as `sb serve` runs it (sbcli.serve.server.run)
     thread = threading.Thread(target=userver.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 6 * TIMEOUT  # a learner directory is exported at startup: slow on a busy machine
@@ -270,6 +272,10 @@ def test_cli_refuses_bad_options_in_one_sentence(model: Path, tmp_path: Path) ->
 
 
 def test_cli_with_two_workers(model: Path) -> None:
+    from sbcli.serve.server import cpu_cores
+
+    if cpu_cores() < 2:
+        pytest.skip("--workers is at most the CPU cores, and this machine has one")
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-m", "sbcli", "serve", str(model), "--port", str(port), "--workers", "2",
@@ -290,6 +296,7 @@ def test_cli_with_two_workers(model: Path) -> None:
         proc.terminate()
         _, err = proc.communicate(timeout=TIMEOUT)
     assert f"on http://127.0.0.1:{port} with 2 worker(s)" in " ".join(err.split())
+    assert max(len(line) for line in err.splitlines()) < 400  # not padded to the width of a console
 
 
 def test_http_client_sees_keepalive_connections_survive_a_bad_request(model: Path) -> None:

@@ -26,6 +26,11 @@ Routes: POST /predict (multipart files, JSON {"images": \\[base64, ...]} or a ra
 GET /health, GET /metadata; the Open Inference Protocol (KServe v2): GET /v2/health/live,
 GET /v2/health/ready, GET /v2, GET /v2/models/NAME\\[/versions/STEP]\\[/ready], POST .../infer;
 GET /metrics (Prometheus).
+
+Limits: a request over --max-request-mb is 413; past --max-inflight-mb of bodies held by all requests
+together (a body parsed into images or tensors, multipart, JSON or /v2 infer, counts twice) a request is 503 at once;
+a request whose head or body has not arrived within --request-timeout seconds is 408 and closed;
+a connection past --max-connections is 503 and closed. Every error is JSON: {"error": "one sentence"}.
 """
 
 
@@ -34,13 +39,16 @@ def serve(
     model: Annotated[Path, typer.Argument(help="An .onnx file written by `sb export`, a learner directory (each kept step exported to a cached ONNX file, one version each), or a Triton model folder from `sb export --format triton`.", show_default=False)],
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).", rich_help_panel=NET)] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.", rich_help_panel=NET)] = 8000,
-    workers: Annotated[int, typer.Option("--workers", help="Server processes sharing the port, each with its own model.", rich_help_panel=NET)] = 1,
+    workers: Annotated[int, typer.Option("--workers", help="Server processes sharing the port, each with its own model (at most the CPU cores).", rich_help_panel=NET)] = 1,
     provider: Annotated[str, typer.Option("--provider", help="auto (TensorRT, then CUDA, then CPU, among those that load), cpu, cuda or tensorrt.")] = "auto",
-    threads: Annotated[Optional[int], typer.Option("--threads", help="onnxruntime threads per model call (default: its own choice).", show_default=False)] = None,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="onnxruntime threads per model call, at most the CPU cores (default: its own choice).", show_default=False)] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="Labels per image when a request does not say.")] = 5,
     max_batch_size: Annotated[int, typer.Option("--max-batch-size", help="Most images scored in one model call.", rich_help_panel=BATCH)] = 32,
-    max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="Longest wait for more images to fill a batch.", rich_help_panel=BATCH)] = 5.0,
-    max_request_mb: Annotated[float, typer.Option("--max-request-mb", help="Larger requests are refused (413) before they are read whole.", rich_help_panel=BATCH)] = 16.0,
+    max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="Longest wait for more images to fill a batch (at most 60000).", rich_help_panel=BATCH)] = 5.0,
+    max_request_mb: Annotated[float, typer.Option("--max-request-mb", help="Larger requests are refused (413) before they are read whole (at most 1024).", rich_help_panel=BATCH)] = 16.0,
+    max_inflight_mb: Annotated[Optional[float], typer.Option("--max-inflight-mb", help="The most request bytes held at once by all requests together (a multipart, JSON or /v2 infer body counts twice: its parsed copy); past it a request is refused at once (503, Retry-After). Default: 4 x --max-request-mb.", rich_help_panel=BATCH, show_default=False)] = None,
+    request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds for a request's head, then for its body, to arrive; a slower one is answered 408 and its connection closed (between 0.01 and 3600).", rich_help_panel=NET)] = 60.0,
+    max_connections: Annotated[Optional[int], typer.Option("--max-connections", help="Connections open at once per worker; one more is answered 503 and closed. Default: 512, fewer where the open-file limit (ulimit -n) leaves less room.", rich_help_panel=NET, show_default=False)] = None,
     max_images: Annotated[int, typer.Option("--max-images", help="Most images in one request.", rich_help_panel=BATCH)] = 64,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="CUDA graphs on the CUDA provider (needs --provider cuda): one captured graph per batch size bucket.", rich_help_panel=GPU)] = False,
     trt_fp16: Annotated[bool, typer.Option("--trt-fp16", help="Let TensorRT use fp16 kernels (--provider tensorrt or auto).", rich_help_panel=GPU)] = False,
@@ -50,17 +58,20 @@ def serve(
     reload_interval: Annotated[float, typer.Option("--reload-interval", help="Seconds between checks for a changed model file or learner (0: never reload).", rich_help_panel=BATCH)] = 2.0,
 ) -> None:
     """Serve a model over HTTP: /predict, /health, /metadata, the Open Inference Protocol (KServe v2) and /metrics, with dynamic batching and reload."""
-    paths.model(model)  # before torch or onnxruntime loads: a mistyped path answers at once
+    paths.model(model, triton=True)  # before torch or onnxruntime loads: a mistyped path answers at once
     from sbcli.cli import render
     from sbcli.export.serving import EXPORTER
     from sbcli.serve.app import ServeConfig
-    from sbcli.serve.server import Listen, prepare, run
+    from sbcli.serve.server import Listen, megabytes, megapixels, prepare, run
     from sbcli.serve.versions import model_name
 
-    cfg = ServeConfig(str(model), provider, top_k, max_batch_size, max_wait_ms, int(max_request_mb * 2**20),
+    inflight = None if max_inflight_mb is None else megabytes("--max-inflight-mb", max_inflight_mb)
+    cfg = ServeConfig(str(model), provider, top_k, max_batch_size, max_wait_ms, megabytes("--max-request-mb", max_request_mb),
                       max_images, reload_interval, threads, cuda_graph, trt_fp16, str(trt_cache) if trt_cache else None,
-                      max_image_pixels=round(max_image_megapixels * 1e6), max_request_pixels=round(max_request_megapixels * 1e6),
-                      exporter=EXPORTER)
+                      max_image_pixels=megapixels("--max-image-megapixels", max_image_megapixels),
+                      max_request_pixels=megapixels("--max-request-megapixels", max_request_megapixels),
+                      exporter=EXPORTER, max_inflight_bytes=inflight, request_timeout_s=request_timeout,
+                      max_connections=max_connections)
     listen = Listen(host, port, workers)
     server = prepare(cfg, listen)
     meta = server.metadata()

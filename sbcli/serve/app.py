@@ -4,7 +4,9 @@ Routes: ``POST /predict`` (multipart image files, JSON ``{"images": [base64, ...
 image body; ``top_k`` as a query parameter or JSON field), ``GET /health``, ``GET /metadata``; the
 Open Inference Protocol under ``/v2`` and ``GET /metrics`` (:mod:`sbcli.serve.oip`).
 Requests are refused before they are read whole when they are too large: at once from their
-Content-Length, else while streaming. A bad image is a 400 with one sentence; the server goes on.
+Content-Length, else while streaming; when the bodies in flight would pass the server's byte
+budget (503), or do not arrive within the request timeout (408). A bad image is a 400 with one
+sentence; the server goes on. Every refusal, 404 and 405 included, is ``{"error": "..."}``.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -33,11 +36,14 @@ from sbcli.errors import SbcliError
 from sbcli.serve import limits
 from sbcli.serve import source as sources
 from sbcli.serve.batching import BatchConfig, Batcher
-from sbcli.serve.limits import HTTPError, parse_json, read_body
+from sbcli.serve.limits import HTTPError, parse_json, read_body, refusal
 from sbcli.serve.predict import top_k as rank
 
 logger = logging.getLogger(__name__)
 CONFIG_ENV = "SBCLI_SERVE_CONFIG"
+INFLIGHT_PER_REQUEST = 4  # the default byte budget: four requests of the largest size at once
+DEFAULT_REQUEST_TIMEOUT_S = 60.0  # a 16 MiB body at about 2.2 Mbit/s
+RAW_IMAGE_KINDS = ("image/", "application/octet-stream")
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,9 @@ class ServeConfig:
     max_image_pixels: int = limits.DEFAULT_MAX_IMAGE_PIXELS  # decoded pixels, checked from the header first
     max_request_pixels: int = limits.DEFAULT_MAX_REQUEST_PIXELS  # also the most decoded at once, server-wide
     exporter: str | None = None  # the module that exports a learner directory (sbcli.serve.source.LearnerExporter)
+    max_inflight_bytes: int | None = None  # bytes of all bodies held at once (None: 4 x max_request_bytes)
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S  # for a request head, and then for its body, to arrive
+    max_connections: int | None = None  # open at once (None: 512, fewer where the open-file limit is lower)
 
     def gpu(self) -> Any:
         """The GPU options as :class:`sbcli.serve.gpu.GpuOptions` (None when all are off: the providers' defaults)."""
@@ -66,6 +75,16 @@ class ServeConfig:
 
         options = GpuOptions(self.cuda_graph, self.trt_fp16, self.trt_cache)
         return None if options == GpuOptions() else options
+
+    @property
+    def inflight_bytes(self) -> int:
+        return self.max_inflight_bytes if self.max_inflight_bytes is not None else INFLIGHT_PER_REQUEST * self.max_request_bytes
+
+    @property
+    def connections(self) -> int:
+        from sbcli.serve.guard import default_max_connections  # uvicorn's protocol: imported by a server only
+
+        return self.max_connections if self.max_connections is not None else default_max_connections()
 
     @property
     def request_limits(self) -> limits.RequestLimits:
@@ -87,6 +106,7 @@ class Server:
     loaded: sources.Loaded | None = None
     batcher: Batcher = field(init=False)
     budget: limits.PixelBudget = field(init=False)
+    inflight: limits.ByteBudget = field(init=False)  # request bodies held, by every request together
     reloads: int = 0
     started: float = field(default_factory=time.time)
     failing: str | None = None  # why the last changed source did not load (None: serving the latest)
@@ -95,6 +115,7 @@ class Server:
     def __post_init__(self) -> None:
         self.batcher = Batcher(BatchConfig(self.cfg.max_batch_size, self.cfg.max_wait_ms))
         self.budget = limits.PixelBudget(self.cfg.max_request_pixels)
+        self.inflight = limits.ByteBudget(self.cfg.inflight_bytes)
 
     @property
     def source(self) -> Path:
@@ -132,7 +153,8 @@ class Server:
         assert self.loaded is not None
         return {**self.loaded.model.describe(), "source": str(self.source), "model_version": self.loaded.version,
                 "reloads": self.reloads, "batching": {**asdict(self.batcher.cfg), **self.batcher.stats.to_json()},
-                "limits": self.cfg.request_limits.to_json(),
+                "limits": {**self.cfg.request_limits.to_json(), "max_inflight_bytes": self.cfg.inflight_bytes,
+                           "request_timeout_s": self.cfg.request_timeout_s, "max_connections": self.cfg.connections},
                 "top_k": self.cfg.top_k}
 
 
@@ -185,14 +207,23 @@ def _json_images(body: bytes) -> tuple[list[tuple[str, bytes]], dict]:
     return [(f"#{i}", _b64(text, i)) for i, text in enumerate(raw)], {k: v for k, v in data.items() if k == "top_k"}
 
 
+def content_kind(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def body_copies(request: Request) -> int:
+    """How many times a /predict body is held: once raw; twice when parsing copies it (multipart files, base64 in JSON)."""
+    return 1 if content_kind(request).startswith(RAW_IMAGE_KINDS) else 2
+
+
 async def images_of(request: Request, body: bytes, max_images: int, max_bytes: int) -> tuple[list[tuple[str, bytes]], dict]:
     """(name, bytes) of every image in the request, and the options sent with them (``top_k``)."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    kind = content_kind(request)
     if kind == "multipart/form-data":
         images, options = await _multipart(request, body, max_images, max_bytes)
     elif kind == "application/json":
         images, options = _json_images(body)
-    elif kind.startswith("image/") or kind == "application/octet-stream":
+    elif kind.startswith(RAW_IMAGE_KINDS):
         images, options = [("#0", body)], {}
     else:
         raise HTTPError(415, "Send images as multipart/form-data files, JSON with base64 strings, or one raw image body.")
@@ -227,27 +258,29 @@ def create_app(server: Server) -> Starlette:
     limits.start_policy()
 
     async def predict(request: Request) -> JSONResponse:
-        try:
-            body = await read_body(request, server.cfg.max_request_bytes)
-            images, options = await images_of(request, body, server.cfg.max_images, server.cfg.max_request_bytes)
-            k = _top_k(request.query_params.get("top_k", options.get("top_k")), server.cfg.top_k)
-            loaded = server.loaded  # one model for the whole request, even if a reload happens meanwhile
-            assert loaded is not None
-            model = loaded.model
-            decoded = await limits.decode_within(model.preprocess, images, server.cfg.request_limits, server.budget)
-            if server.metrics is not None:
-                server.metrics.images_decoded("/predict", len(decoded))
-            batch = model.preprocess.to_input(list(decoded))
-            scores = await asyncio.gather(*(server.batcher.submit(model, x) for x in batch))
-        except HTTPError as err:
-            return JSONResponse({"error": str(err)}, status_code=err.status)
-        except Exception as err:  # the model itself failed: logged with its traceback, answered as a 500
-            logger.exception("The model failed on a request")
-            return JSONResponse({"error": f"The model failed on this request ({type(err).__name__}); see the server log."},
-                                status_code=500)
-        predictions = rank(np.stack(scores), model.class_names, k, [name for name, _ in images])
-        return JSONResponse({"model_version": loaded.version, "provider": model.provider,
-                             "predictions": [p.to_json() for p in predictions]})
+        with server.inflight.lease() as lease:  # the body and its parsed copy, held until the answer
+            try:
+                body = await read_body(request, server.cfg.max_request_bytes, lease, copies=body_copies(request),
+                                       timeout_s=server.cfg.request_timeout_s)
+                images, options = await images_of(request, body, server.cfg.max_images, server.cfg.max_request_bytes)
+                k = _top_k(request.query_params.get("top_k", options.get("top_k")), server.cfg.top_k)
+                loaded = server.loaded  # one model for the whole request, even if a reload happens meanwhile
+                assert loaded is not None
+                model = loaded.model
+                decoded = await limits.decode_within(model.preprocess, images, server.cfg.request_limits, server.budget)
+                if server.metrics is not None:
+                    server.metrics.images_decoded("/predict", len(decoded))
+                batch = model.preprocess.to_input(list(decoded))
+                scores = await asyncio.gather(*(server.batcher.submit(model, x) for x in batch))
+            except HTTPError as err:
+                return refusal(err)
+            except Exception as err:  # the model itself failed: logged with its traceback, answered as a 500
+                logger.exception("The model failed on a request")
+                return JSONResponse({"error": f"The model failed on this request ({type(err).__name__}); see the server log."},
+                                    status_code=500)
+            predictions = rank(np.stack(scores), model.class_names, k, [name for name, _ in images])
+            return JSONResponse({"model_version": loaded.version, "provider": model.provider,
+                                 "predictions": [p.to_json() for p in predictions]})
 
     async def health(_: Request) -> JSONResponse:
         assert server.loaded is not None
@@ -257,13 +290,15 @@ def create_app(server: Server) -> Starlette:
         return JSONResponse(server.metadata())
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+    async def lifespan(_: Starlette) -> AsyncIterator[dict[str, Any]]:
+        from sbcli.serve.guard import STATE_KEY, ConnectionGuard
+
         server.load()
         server.batcher.start()
         watch = asyncio.get_running_loop().create_task(server.watch()) if server.cfg.reload_interval_s > 0 else None
         follow = protocol.follow()
-        try:
-            yield
+        try:  # the state reaches sbcli.serve.guard.GuardedProtocol, which runs under uvicorn beside the app
+            yield {STATE_KEY: ConnectionGuard(server.cfg.request_timeout_s, server.cfg.connections)}
         finally:
             follow.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -277,7 +312,20 @@ def create_app(server: Server) -> Starlette:
     routes = [Route("/predict", predict, methods=["POST"]), Route("/health", health, methods=["GET"]),
               Route("/metadata", metadata, methods=["GET"]), *protocol.routes]
     counted = Middleware(MetricsMiddleware, metrics=protocol.metrics, routes=routes)
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[counted])
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[counted],
+                     exception_handlers={404: not_routed, 405: not_routed})
+
+
+async def not_routed(request: Request, exc: Exception) -> JSONResponse:
+    """404 and 405 as ``{"error": ...}`` like every other answer (a protocol client parses errors as JSON)."""
+    assert isinstance(exc, HTTPException)
+    path = request.url.path
+    if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        sentence = f"{request.method} is not allowed on {path}; use {allowed}."
+    else:
+        sentence = f"{path} is not a route of this server; see GET /metadata, or GET /v2 for the Open Inference Protocol."
+    return JSONResponse({"error": sentence}, status_code=exc.status_code, headers=exc.headers)
 
 
 def app_from_env() -> Starlette:

@@ -10,6 +10,7 @@ never mixes in a batch, and images already queued finish on the model they start
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -29,8 +30,10 @@ class BatchConfig:
     max_wait_ms: float = 5.0
 
     def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.max_wait_ms < 0:
-            raise ConfigError("--max-batch-size must be at least 1 and --max-wait-ms at least 0.")
+        if self.max_batch_size < 1:
+            raise ConfigError("--max-batch-size must be at least 1.")
+        if not 0 <= self.max_wait_ms < math.inf:  # NaN fails this too
+            raise ConfigError("--max-wait-ms must be a finite number of at least 0.")
 
 
 @dataclass

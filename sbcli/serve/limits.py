@@ -1,7 +1,9 @@
 """What one request may cost the server, checked before the cost is paid; any endpoint calls these.
 
 - :func:`read_body`: the body, refused (413) from its Content-Length or as soon as the stream
-  passes the byte limit.
+  passes the byte limit, (408) when it does not arrive whole within the request timeout, and
+  (503) when the bytes of every body in flight would pass the server's :class:`ByteBudget`; a
+  client that leaves mid-body is :class:`ClientGone` (one info line, no answer, not a failure).
 - :func:`parse_json`: a JSON body, or a 400 for anything malformed, however deeply nested.
 - :func:`decode_within`: the images of a request decoded to model input, refused (413) when one
   image or all of them together would decode to more pixels than allowed; sizes are read from the
@@ -22,12 +24,13 @@ import ctypes.util
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse
 
 from sbcli.data.pixels import ImageTooLargeError, refuse_pillow_bombs
 from sbcli.errors import DataError
@@ -40,14 +43,34 @@ DEFAULT_MAX_IMAGE_PIXELS = 40 * MEGA  # a 40-megapixel PNG; JPEGs are decoded at
 DEFAULT_MAX_REQUEST_PIXELS = 120 * MEGA
 TRIM_AFTER_PIXELS = 4 * MEGA  # a request that decoded (or sent) more than these hands its freed memory back
 TRIM_AFTER_BYTES = 4 * 2**20
+CLIENT_CLOSED = 499  # nginx's "client closed request": the client left before its request was read
+CLOSE = {"Connection": "close"}  # a client too slow to send its body is not waited for again on that connection
+RETRY_AFTER_S = 1
 
 
 class HTTPError(Exception):
-    """A request refused: its HTTP status and one sentence for the client."""
+    """A request refused: its HTTP status, one sentence for the client and any headers of the answer."""
 
-    def __init__(self, status: int, sentence: str) -> None:
+    def __init__(self, status: int, sentence: str, headers: dict[str, str] | None = None) -> None:
         super().__init__(sentence)
         self.status = status
+        self.headers = headers or {}
+
+
+class ClientGone(HTTPError):
+    """The client disconnected before its request body arrived: there is no one to answer."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(CLIENT_CLOSED, f"The client disconnected before its request to {path} arrived whole.")
+
+
+def refusal(err: HTTPError) -> JSONResponse:
+    """The answer to a refused request: ``{"error": sentence}`` with its status and headers."""
+    return JSONResponse({"error": str(err)}, status_code=err.status, headers=err.headers)
+
+
+def seconds(value: float) -> str:
+    return f"{value:g} second{'' if value == 1 else 's'}"
 
 
 @dataclass(frozen=True)
@@ -106,19 +129,92 @@ class PixelBudget:
                 granted.set_result(None)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused (413) from its Content-Length or as soon as the stream passes ``limit``."""
+@dataclass
+class ByteBudget:
+    """Bytes of request bodies held at once by every request together, at most ``capacity``.
+
+    Past it a request is refused at once (503, ``Retry-After``) instead of waiting its turn as
+    decoding does (:class:`PixelBudget`): a waiting upload would still hold its connection, and a
+    client or load balancer can better retry elsewhere. Every request runs in one event loop, so
+    no lock is needed.
+    """
+
+    capacity: int
+    used: int = 0
+
+    @contextlib.contextmanager
+    def lease(self) -> Iterator[Lease]:
+        """What one request holds; all of it given back when the request ends, however it ends."""
+        lease = Lease(self)
+        try:
+            yield lease
+        finally:
+            lease.release()
+
+
+@dataclass
+class Lease:
+    """The bytes one request holds of a :class:`ByteBudget`."""
+
+    budget: ByteBudget
+    held: int = 0
+
+    def take(self, n: int) -> None:
+        """Hold ``n`` more bytes, or raise HTTPError 503 when the budget has not that many left."""
+        budget = self.budget
+        if budget.used + n > budget.capacity:
+            raise HTTPError(503, f"The server is already receiving {budget.used:,} of the {budget.capacity:,} request "
+                            f"bytes it holds at once; retry shortly.", {"Retry-After": str(RETRY_AFTER_S)})
+        budget.used += n
+        self.held += n
+
+    def release(self) -> None:
+        self.budget.used -= self.held
+        self.held = 0
+
+
+def _declared_length(request: Request, limit: int) -> int | None:
     length = request.headers.get("content-length")
-    if length is not None:
-        if not length.isdigit():
-            raise HTTPError(400, "The Content-Length header is not a number.")
-        if int(length) > limit:
-            raise HTTPError(413, f"The request has {int(length)} bytes, more than the {limit} this server accepts; send fewer or smaller images.")
+    if length is None:
+        return None
+    if not length.isdigit():
+        raise HTTPError(400, "The Content-Length header is not a number.")
+    if int(length) > limit:
+        raise HTTPError(413, f"The request has {int(length)} bytes, more than the {limit} this server accepts; send fewer or smaller images.")
+    return int(length)
+
+
+async def read_body(request: Request, limit: int, lease: Lease | None = None, *, copies: int = 1,
+                    timeout_s: float | None = None) -> bytes:
+    """The request body, refused (413) from its Content-Length or as soon as the stream passes ``limit``.
+
+    ``lease`` holds ``copies`` times the body's bytes (2 where parsing copies them: multipart files,
+    base64 in JSON, tensors), from the Content-Length before a byte is read, or chunk by chunk.
+
+    Raises:
+        HTTPError: 400 (a Content-Length that is not a number), 413 (too large), 408 (the body did
+            not arrive whole within ``timeout_s``), 503 (the server's byte budget is spent).
+        ClientGone: the client disconnected before the body arrived (logged as one info line).
+    """
+    counted = _declared_length(request, limit) or 0
+    if lease is not None:
+        lease.take(counted * copies)  # refused before a byte is read
     body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise HTTPError(413, f"The request passed {limit} bytes, more than this server accepts; send fewer or smaller images.")
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise HTTPError(413, f"The request passed {limit} bytes, more than this server accepts; send fewer or smaller images.")
+                if lease is not None and len(body) > counted:  # chunked: no length was declared up front
+                    lease.take((len(body) - counted) * copies)
+                    counted = len(body)
+    except TimeoutError as err:
+        raise HTTPError(408, f"The request body did not arrive within {seconds(timeout_s or 0)}; send it whole and at once.",
+                        CLOSE) from err
+    except ClientDisconnect as err:
+        logger.info("A client disconnected before its request to %s arrived whole; nothing was answered.", request.url.path)
+        raise ClientGone(request.url.path) from err
     return bytes(body)
 
 

@@ -4,7 +4,9 @@ Every app has its own collector registry (no process-wide state), so two servers
 count apart. The metrics:
 
 * ``sbcli_requests_total{endpoint,status}`` and ``sbcli_request_failures_total{endpoint,status}``
-  (status 400 and above); ``endpoint`` is the route's path template, so names do not explode;
+  (status 400 and above); ``endpoint`` is the route's path template, so names do not explode.
+  Status 499 (nginx's "client closed request") counts a client that left before its request
+  arrived whole: nothing was answered and nothing failed, so it is not a failure;
 * ``sbcli_request_duration_seconds{endpoint}``: the whole request, as the server saw it;
 * ``sbcli_queue_seconds`` (an image waiting for its batch) against ``sbcli_compute_seconds`` (one
   model call) and ``sbcli_batch_size`` (images per model call);
@@ -28,6 +30,7 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sbcli.errors import ExportError
+from sbcli.serve.limits import CLIENT_CLOSED
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -77,7 +80,7 @@ class Metrics:
 
     def observe_request(self, endpoint: str, status: int, seconds: float) -> None:
         self.requests.labels(endpoint, str(status)).inc()
-        if status >= 400:
+        if status >= 400 and status != CLIENT_CLOSED:
             self.failures.labels(endpoint, str(status)).inc()
         self.latency.labels(endpoint).observe(seconds)
 

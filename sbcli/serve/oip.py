@@ -9,8 +9,9 @@ Inputs: ``images`` (``FP32`` [N, 3, S, S], preprocessed: RGB in [0, 1], resized 
 normalisation is inside the model) or ``image_bytes`` (``BYTES`` [N]: encoded images, decoded by
 the model's own preprocessing). Outputs: ``logits`` (``FP32`` [N, C]) and ``probabilities`` (their
 softmax, what ``sb predict`` reports), each also as a classification. Errors are ``{"error": "..."}``
-with 400 (a malformed request), 404 (an unknown model or version), 413 (too large), 503 (not ready)
-or 500 (the model failed).
+with 400 (a malformed request), 404 (an unknown model or version, or route), 405 (a method a route
+does not take), 408 (the body did not arrive in time), 413 (too large), 503 (not ready, or the
+server's byte budget spent) or 500 (the model failed).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from starlette.routing import Route
 
 from sbcli.errors import SbcliError
 from sbcli.serve import oip_codec as codec
-from sbcli.serve.limits import HTTPError, decode_within, read_body
+from sbcli.serve.limits import HTTPError, decode_within, read_body, refusal
 from sbcli.serve.metrics import Metrics
 from sbcli.serve.model import OnnxClassifier
 from sbcli.serve.predict import softmax
@@ -108,18 +109,20 @@ class Protocol:
                             status_code=200 if ready else 503)
 
     async def infer(self, request: Request) -> Response:
-        try:
-            number, model = self.model(request)
-            body = await read_body(request, self.server.cfg.max_request_bytes)
-            parsed = codec.parse(body, request.headers.get(codec.HEADER))
-            images = await self._inputs(parsed, model)
-            scores = np.stack(await asyncio.gather(*(self.server.batcher.submit(model, x) for x in images)))
-            content, headers, kind = self._answer(parsed, model, number, scores)
-        except HTTPError as err:
-            return _error(err.status, str(err))
-        except Exception as err:  # the model itself failed: logged with its traceback, answered as a 500
-            logger.exception("The model failed on an inference request")
-            return _error(500, f"The model failed on this request ({type(err).__name__}); see the server log.")
+        cfg = self.server.cfg
+        with self.server.inflight.lease() as lease:  # the body and the tensors parsed from it, held until the answer
+            try:
+                number, model = self.model(request)
+                body = await read_body(request, cfg.max_request_bytes, lease, copies=2, timeout_s=cfg.request_timeout_s)
+                parsed = codec.parse(body, request.headers.get(codec.HEADER))
+                images = await self._inputs(parsed, model)
+                scores = np.stack(await asyncio.gather(*(self.server.batcher.submit(model, x) for x in images)))
+                content, headers, kind = self._answer(parsed, model, number, scores)
+            except HTTPError as err:
+                return refusal(err)
+            except Exception as err:  # the model itself failed: logged with its traceback, answered as a 500
+                logger.exception("The model failed on an inference request")
+                return _error(500, f"The model failed on this request ({type(err).__name__}); see the server log.")
         return Response(content, headers=headers, media_type=kind)
 
     async def _inputs(self, parsed: codec.Request, model: OnnxClassifier) -> np.ndarray:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,7 @@ import numpy as np
 from sbcli.serve.limits import HTTPError
 
 HEADER = "Inference-Header-Content-Length"
+MAX_ELEMENTS = 2**31  # more than any request holds: every element takes a byte or more, and --max-request-mb is at most 1024
 
 
 @dataclass(frozen=True)
@@ -75,9 +77,17 @@ def split(body: bytes, header_length: str | None) -> tuple[Any, memoryview]:
 
 
 def _count(shape: Any, name: str) -> int:
+    """The elements ``shape`` holds, at most :data:`MAX_ELEMENTS`.
+
+    The product is taken in Python's exact integers and bounded before numpy sees the shape: in int64
+    it wraps around (2**62 * 3 * 32 * 32 is 0), and a shape that matches no data then fails to reshape.
+    """
     if not isinstance(shape, list) or not shape or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise HTTPError(400, f'Input "{name}" needs a "shape": a list of whole numbers.')
-    return int(np.prod(shape))
+    count = math.prod(shape)
+    if count > MAX_ELEMENTS or max(shape) > MAX_ELEMENTS:
+        raise HTTPError(400, f'Input "{name}" has shape {shape}, more elements than any request to this server can hold.')
+    return count
 
 
 def _bytes_elements(raw: memoryview, name: str) -> list[bytes]:

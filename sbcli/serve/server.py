@@ -3,12 +3,20 @@ processes sharing the port, each with its own model, batcher and reload watcher)
 
 Stack: Starlette (routing, multipart via python-multipart) on uvicorn (the ASGI server). Both are
 small, pure-Python, widely used and maintained; uvicorn's ``workers`` gives several processes on
-one port without a separate process manager.
+one port without a separate process manager. uvicorn runs with :class:`sbcli.serve.guard.GuardedProtocol`
+(deadlines and a connection limit) and with sbcli's log lines as plain lines beside its own.
+
+Every option is checked before the model loads, each refusal one sentence naming the option:
+numbers finite and in range, threads and workers at most the CPU cores, and the address one
+this process can listen on.
 """
 
 from __future__ import annotations
 
+import copy
+import math
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +27,13 @@ from sbcli.errors import ConfigError, ExportError
 from sbcli.serve.app import CONFIG_ENV, ServeConfig, Server, create_app
 from sbcli.serve.batching import BatchConfig
 from sbcli.serve.providers import CHOICES
+
+MIB = 2**20
+MAX_REQUEST_MB = 1024.0  # a request is held whole in memory
+MAX_INFLIGHT_MB = 65536.0
+MAX_WAIT_MS = 60_000.0  # a longer wait to fill a batch only delays every answer
+MAX_RELOAD_INTERVAL_S = 86_400.0
+MIN_REQUEST_TIMEOUT_S, MAX_REQUEST_TIMEOUT_S = 0.01, 3600.0
 
 SERVER_HINT = 'install the ONNX extra, which holds the server: pip install "sbcli[onnx]" (or "sbcli[onnx-gpu]")'
 
@@ -31,18 +46,117 @@ class Listen:
     log_level: str = "warning"
 
 
+def cpu_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask where the platform has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def finite(flag: str, value: float) -> float:
+    """``value``, refused (ConfigError naming ``flag``) when it is NaN or infinite."""
+    if not math.isfinite(value):
+        raise ConfigError(f"{flag} must be a finite number, not {value}.")
+    return value
+
+
+def megabytes(flag: str, value: float) -> int:
+    """``value`` MiB as bytes (before conversion: NaN or infinity cannot become a whole number)."""
+    return round(finite(flag, value) * MIB)
+
+
+def megapixels(flag: str, value: float) -> int:
+    return round(finite(flag, value) * 1e6)
+
+
+def within(flag: str, value: float, low: float, high: float | None = None) -> None:
+    """Refuse ``value`` outside [low, high] in one sentence naming ``flag`` (NaN is never within)."""
+    if not (low <= value and (high is None or value <= high)):
+        bounds = f"at least {low:g}" if high is None else f"between {low:g} and {high:g}"
+        raise ConfigError(f"{flag} must be {bounds}, not {value:g}.")
+
+
+def at_most_cores(flag: str, value: int, cores: int, why: str) -> None:
+    if value > cores:
+        raise ConfigError(f"{flag} must be at most {cores}, the CPU cores this machine has ({why}), not {value}.")
+
+
 def check(cfg: ServeConfig, listen: Listen) -> None:
-    """Refuse bad options before anything loads (one sentence each)."""
-    BatchConfig(cfg.max_batch_size, cfg.max_wait_ms)
+    """Refuse bad options before anything loads (one sentence each, naming the option)."""
     if cfg.provider not in CHOICES:
         raise ConfigError(f"--provider {cfg.provider} is unknown; choose one of: {', '.join(CHOICES)}.")
     if cfg.gpu() is not None:
         cfg.gpu().check(cfg.provider)
-    if listen.workers < 1 or not 0 <= listen.port <= 65535:
-        raise ConfigError("--workers must be at least 1 and --port between 0 and 65535.")
-    if cfg.top_k < 1 or cfg.max_images < 1 or cfg.max_request_bytes < 1024 or cfg.reload_interval_s < 0:
-        raise ConfigError("--top-k and --max-images must be at least 1, --max-request-mb at least 0.001 and --reload-interval at least 0.")
+    check_processes(cfg, listen)
+    check_batching(cfg)
+    check_bytes(cfg)
     check_pixels(cfg.max_image_pixels, cfg.max_request_pixels)
+    check_connections(cfg)
+
+
+def check_processes(cfg: ServeConfig, listen: Listen) -> None:
+    """Port, workers and threads: more workers or threads than cores only wait for each other."""
+    cores = cpu_cores()
+    within("--port", listen.port, 0, 65535)
+    within("--workers", listen.workers, 1)
+    at_most_cores("--workers", listen.workers, cores, "each worker's model calls already use every core")
+    if cfg.threads is not None:
+        within("--threads", cfg.threads, 1)
+        at_most_cores("--threads", cfg.threads, cores, "more onnxruntime threads than cores only wait for each other")
+
+
+def check_batching(cfg: ServeConfig) -> None:
+    within("--top-k", cfg.top_k, 1)
+    within("--max-images", cfg.max_images, 1)
+    within("--max-batch-size", cfg.max_batch_size, 1)
+    within("--max-wait-ms", cfg.max_wait_ms, 0, MAX_WAIT_MS)
+    within("--reload-interval", cfg.reload_interval_s, 0, MAX_RELOAD_INTERVAL_S)
+    BatchConfig(cfg.max_batch_size, cfg.max_wait_ms)
+
+
+def check_bytes(cfg: ServeConfig) -> None:
+    """A request's bytes, the bytes of all of them at once (at least one request of the largest size) and their deadline."""
+    request_mb = cfg.max_request_bytes / MIB
+    within("--max-request-mb", request_mb, 0.001, MAX_REQUEST_MB)
+    if cfg.inflight_bytes < cfg.max_request_bytes:
+        raise ConfigError(f"--max-inflight-mb must be at least --max-request-mb ({request_mb:g}), so that one request of "
+                          f"the largest size fits, not {cfg.inflight_bytes / MIB:g}.")
+    within("--max-inflight-mb", cfg.inflight_bytes / MIB, request_mb, MAX_INFLIGHT_MB)
+    within("--request-timeout", cfg.request_timeout_s, MIN_REQUEST_TIMEOUT_S, MAX_REQUEST_TIMEOUT_S)
+
+
+def check_connections(cfg: ServeConfig) -> None:
+    """At least 1, and within the open-file limit less what the process keeps for its model, log and accept backlog."""
+    from sbcli.serve.guard import connection_limit, open_file_limit
+
+    within("--max-connections", cfg.connections, 1)
+    room = connection_limit()
+    if room is not None and cfg.connections > room:
+        raise ConfigError(f"--max-connections must be at most {room}, what this process's limit of {open_file_limit()} "
+                          f"open files leaves beside its model, log and accept backlog (raise it with ulimit -n), "
+                          f"not {cfg.connections}.")
+
+
+def check_address(listen: Listen) -> None:
+    """Refuse a --host that does not resolve, or an address and port this process cannot listen on.
+
+    It binds the way uvicorn will (SO_REUSEADDR, so a port in TIME_WAIT is free), and lets go: a
+    mistyped host or a port in use is one sentence before the model loads, not uvicorn's message after.
+    """
+    family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
+    try:
+        socket.getaddrinfo(listen.host, listen.port, family, socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        raise ConfigError(f"--host {listen.host} is not an address this machine can resolve "
+                          f"({getattr(err, 'strerror', None) or err}); give an IP address such as 127.0.0.1 or 0.0.0.0, "
+                          "or a host name.") from err
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((listen.host, listen.port))
+        except OSError as err:
+            raise ConfigError(f"Cannot listen on {listen.host}:{listen.port} ({err.strerror or err}); "
+                              "choose another --host or --port.") from err
 
 
 def check_pixels(image: int, request: int) -> None:
@@ -57,15 +171,40 @@ def check_pixels(image: int, request: int) -> None:
 
 def prepare(cfg: ServeConfig, listen: Listen) -> Server:
     """Check the options and load the model (exporting a learner to the cache): errors before binding."""
-    check(cfg, listen)
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
     except ImportError as err:
         raise ExportError(f"`sb serve` needs Starlette and uvicorn; {SERVER_HINT}.") from err
+    check(cfg, listen)
+    check_address(listen)
     server = Server(cfg)
     server.load()
     return server
+
+
+def log_config() -> dict[str, Any]:
+    """uvicorn's logging, with sbcli's lines (reloads, refusals, failures) as plain lines beside uvicorn's.
+
+    Without it, sbcli's lines went through the command line's rich handler, which pads every line
+    to its console's width: 100,000 columns when stderr is not a terminal, so a reload line was
+    100 KB; and a ``--workers`` process had no handler at all. uvicorn applies this dictionary in
+    every process it starts.
+    """
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["loggers"]["sbcli"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    return config
+
+
+def uvicorn_options(listen: Listen, cfg: ServeConfig) -> dict[str, Any]:
+    """What uvicorn runs with: the guarded HTTP protocol and a backlog that fits beside its connections, the
+    address and the logging."""
+    from sbcli.serve.guard import GuardedProtocol, accept_backlog
+
+    return {"host": listen.host, "port": listen.port, "log_level": listen.log_level, "log_config": log_config(),
+            "http": GuardedProtocol, "backlog": accept_backlog(cfg.connections)}
 
 
 def run(server: Server, listen: Listen) -> None:
@@ -73,11 +212,10 @@ def run(server: Server, listen: Listen) -> None:
     import uvicorn
 
     if listen.workers == 1:
-        uvicorn.run(create_app(server), host=listen.host, port=listen.port, log_level=listen.log_level)
+        uvicorn.run(create_app(server), **uvicorn_options(listen, server.cfg))
         return
     os.environ[CONFIG_ENV] = server.cfg.to_env()  # each worker process builds its app from it
-    uvicorn.run("sbcli.serve.app:app_from_env", factory=True, host=listen.host, port=listen.port,
-                workers=listen.workers, log_level=listen.log_level)
+    uvicorn.run("sbcli.serve.app:app_from_env", factory=True, workers=listen.workers, **uvicorn_options(listen, server.cfg))
 
 
 def describe(server: Server) -> dict[str, Any]:

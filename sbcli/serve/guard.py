@@ -1,0 +1,149 @@
+"""Connections that slow or idle clients cannot hold forever: uvicorn's HTTP protocol with two guards.
+
+uvicorn waits for a request head without a deadline and accepts connections until the process
+runs out of file descriptors: 1,100 idle half-sent requests took every descriptor of the usual
+1,024 and ``/health`` timed out. :class:`GuardedProtocol` is uvicorn's own HTTP/1.1 protocol (h11,
+or httptools where installed) with two checks added:
+
+- **Deadline.** A connection whose next request head has not arrived ``request_timeout_s`` after
+  it opened (or after its previous answer) is closed, answered 408 when part of a request came.
+  Once the head is in, the body has the same deadline, kept by :func:`sbcli.serve.limits.read_body`.
+- **Count.** A connection past ``max_connections`` open at once is answered 503 and closed at
+  once, so the process keeps descriptors for its model, its log and the requests it serves.
+  asyncio accepts up to the listen backlog in one go before any of those connections is counted,
+  so the backlog is sized to fit beside the connections: :func:`accept_backlog` (otherwise a
+  burst of connections still runs the process out of descriptors, and asyncio stops accepting
+  for a second with a traceback in the log).
+
+The app hands the settings to the protocol through the lifespan state (:data:`STATE_KEY`), the
+ASGI way for an app to share its startup state with the server; without them the protocol is
+uvicorn's, unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+from sbcli.serve.limits import seconds
+
+STATE_KEY = "sbcli.connection_guard"
+DEFAULT_MAX_CONNECTIONS = 512
+RESERVED_FILES = 64  # descriptors kept for what is not a connection: the model, logs, onnxruntime, the listening socket
+MIN_BACKLOG, MAX_BACKLOG = 16, 2048  # uvicorn's default backlog is 2048
+BURSTS = 2  # accept bursts that may come before the first burst's connections are counted (asyncio's call_soon chain)
+
+
+@dataclass(frozen=True)
+class ConnectionGuard:
+    """How long a request may take to arrive, and how many connections may be open at once."""
+
+    request_timeout_s: float
+    max_connections: int
+
+
+def open_file_limit() -> int | None:
+    """The process's soft limit on open files (None: no limit, or a platform without one)."""
+    try:
+        import resource
+    except ImportError:  # Windows: no RLIMIT_NOFILE
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def connection_room() -> int | None:
+    """Descriptors the open-file limit leaves for connections, open or being accepted (None: no limit)."""
+    files = open_file_limit()
+    return None if files is None else max(0, files - RESERVED_FILES)
+
+
+def connection_limit() -> int | None:
+    """The most connections that may be open at once, leaving room for the smallest accept backlog."""
+    room = connection_room()
+    return None if room is None else max(1, room - BURSTS * MIN_BACKLOG)
+
+
+def default_max_connections() -> int:
+    """512, or half the room where the open-file limit is lower (1,024 files: 480; macOS's 256: 96)."""
+    room = connection_room()
+    return DEFAULT_MAX_CONNECTIONS if room is None else max(1, min(DEFAULT_MAX_CONNECTIONS, room // 2))
+
+
+def accept_backlog(max_connections: int) -> int:
+    """The listen backlog: what the open-file limit leaves beside ``max_connections``, split over the bursts."""
+    room = connection_room()
+    if room is None:
+        return MAX_BACKLOG
+    return max(MIN_BACKLOG, min(MAX_BACKLOG, (room - max_connections) // BURSTS))
+
+
+def raw_answer(status: int, sentence: str) -> bytes:
+    """A whole HTTP/1.1 response ``{"error": sentence}`` that closes the connection (written before any request is read)."""
+    body = json.dumps({"error": sentence}).encode()
+    head = (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\ncontent-type: application/json\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n")
+    return head.encode() + body
+
+
+class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol, closing connections that hold no request in time and those past the limit."""
+
+    _guard: ConnectionGuard | None = None
+    _timer: asyncio.TimerHandle | None = None
+    _partial = False  # bytes of a request came since the deadline was set
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)
+        self._guard = self.app_state.get(STATE_KEY)
+        if self._guard is None:
+            return
+        if len(self.connections) > self._guard.max_connections:
+            self._close(503, f"The server already holds the {self._guard.max_connections} connections it accepts at once; "
+                             "retry shortly.")
+            return
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        self._partial = True
+        super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.transport.is_closing():
+            self._arm()  # the next request on a kept-alive connection has the same deadline
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        if self._guard is None:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._partial = False
+        self._timer = self.loop.call_later(self._guard.request_timeout_s, self._expire)
+
+    def _expire(self) -> None:
+        self._timer = None
+        if self._guard is None or self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            return  # a request is being served: read_body keeps its body's deadline, the answer takes what it takes
+        if self._partial:
+            self._close(408, f"The request did not arrive within {seconds(self._guard.request_timeout_s)}; "
+                             "send it whole and at once.")
+        else:
+            self.transport.close()
+
+    def _close(self, status: int, sentence: str) -> None:
+        self.transport.write(raw_answer(status, sentence))
+        self.transport.close()
