@@ -66,14 +66,23 @@ def version() -> None:
 
 
 def _log_to_stderr() -> None:
-    """Library warnings (skipped files, checksum mismatches) reach the user on stderr."""
-    import logging
+    """Library warnings (skipped files, checksum mismatches) reach the user on stderr.
 
-    from rich.logging import RichHandler
+    On a terminal through rich; elsewhere (a pipe, a log file, a container) as plain lines: the
+    stderr console is as wide as a line may be there, and rich would pad every record to it.
+    """
+    import logging
+    import sys
 
     from sbcli.cli.render import ERR
 
-    handler = RichHandler(console=ERR, show_time=False, show_path=False, markup=False)
+    if ERR.is_terminal:
+        from rich.logging import RichHandler
+
+        handler: logging.Handler = RichHandler(console=ERR, show_time=False, show_path=False, markup=False)
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     logger = logging.getLogger("sbcli")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
