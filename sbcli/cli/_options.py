@@ -133,7 +133,7 @@ def extend_signature(command: Callable[..., Any], extra: list[inspect.Parameter]
 # Options of `sb train` alone, and of `sb train` and `sb add-task`.
 QuietOpt = Annotated[bool, typer.Option("--quiet", "-q", help="No progress on stderr (results and errors only).", rich_help_panel=OUT)]
 LogOpt = Annotated[Optional[list[str]], typer.Option("--log", help="Also log to tensorboard or mlflow (repeat for both; extras of the same names).", rich_help_panel=OUT, show_default=False)]
-PretrainedOpt = Annotated[Optional[str], typer.Option("--pretrained", help="Start the backbone from safetensors weights: a Hub repo OWNER/NAME or OWNER/NAME@REVISION (timm's ResNet names, e.g. timm/resnet18.a1_in1k with --arch resnet18-in, or an sbcli learner) or a local .safetensors file; the head is new.", rich_help_panel=OPT, show_default=False)]
+PretrainedOpt = Annotated[Optional[str], typer.Option("--pretrained", help="Start the backbone from weights: a Hub repo OWNER/NAME or OWNER/NAME@REVISION (timm's ResNet names, e.g. timm/resnet18.a1_in1k with --arch resnet18-in, or an sbcli learner), a local .safetensors file, or an sbcli learner directory (its architecture, width and normalisation come with it); the head is new. `random` freezes random weights on purpose (--method ranpac and simplecil refuse a random backbone otherwise).", rich_help_panel=OPT, show_default=False)]
 PretrainedHashOpt = Annotated[Optional[str], typer.Option("--pretrained-sha256", help="Refuse --pretrained weights whose SHA-256 differs from this.", rich_help_panel=OPT, show_default=False)]
 
 # A learner keeps its settings: in `sb add-task` these default to what the learner recorded.

@@ -160,6 +160,19 @@ def _frozen_backbone(o: dict, given: dict) -> None:
         o["width"] = 1.0  # timm builds the network at its own width (the demo's default 0.25 does not apply)
 
 
+def _pretrained_learner(o: dict, given: dict) -> None:
+    """``--pretrained LEARNER_DIR``: the backbone's architecture, width and resolution come with it (a different
+    architecture or width given is refused when the weights are loaded; another --image-size is the user's)."""
+    from sbcli.hub.pretrained import is_learner, learner_backbone
+
+    ref = o.get("pretrained")
+    if not ref or not is_learner(str(ref)):
+        return
+    for key, value in learner_backbone(str(ref)).items():
+        if given.get(key) is None:
+            o[key] = value
+
+
 LOW_LR_NO_WARMUP = 0.05  # in `sb train`, a default warm-up runs only at --lr 0.05 and above
 NEVER_CLAMP = ("icarl", "bic")  # inference rules whose reference code never clamps the head
 
@@ -208,6 +221,7 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
         ConfigError: a value is malformed (``--milestones``, ``--phase-epochs``) or refused.
     """
     o = merge(given, defaults_for(given.get("source")) if defaults is None else defaults)
+    _pretrained_learner(o, given)
     _frozen_backbone(o, given)
     _own_data_rules(o, given, own=defaults is None and kind_of(o.get("source")) != "paper")
     method_options = {k: o.get(k) for k in sorted(method_keys())}

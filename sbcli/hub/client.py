@@ -281,7 +281,8 @@ def _update_branch(api: Any, repo_id: str, branch: str, *, commit: str | None, f
 # ---------------------------------------------------------------------------------------------
 
 
-def fetch(repo_id: str, revision: str | None, cfg: HubConfig, wanted: list[str] | None = None) -> Snapshot:
+def fetch(repo_id: str, revision: str | None, cfg: HubConfig, wanted: list[str] | None = None,
+          fill: str = "pull it once while online") -> Snapshot:
     """Download ``repo_id`` at ``revision`` (default ``main``) into the cache, or find it there.
 
     Args:
@@ -294,11 +295,11 @@ def fetch(repo_id: str, revision: str | None, cfg: HubConfig, wanted: list[str] 
     check_repo_id(repo_id)
     revision = revision or "main"
     if is_offline(cfg):
-        return _from_cache(repo_id, revision, cfg, wanted, reason="HF_HUB_OFFLINE is set")
+        return _from_cache(repo_id, revision, cfg, wanted, reason="HF_HUB_OFFLINE is set", fill=fill)
     api = client(cfg)
-    info, unreachable = _repo_info(api, repo_id, revision, cfg)
+    info, unreachable = repo_info(api, repo_id, revision, cfg)
     if info is None:
-        return _from_cache(repo_id, revision, cfg, wanted, reason=unreachable)
+        return _from_cache(repo_id, revision, cfg, wanted, reason=unreachable, fill=fill)
     names = [s.rfilename for s in info.siblings or []]
     files = _select(names, wanted, repo_id, revision)
     with hub_errors("download", repo_id, cfg, revision, api):
@@ -309,7 +310,7 @@ def fetch(repo_id: str, revision: str | None, cfg: HubConfig, wanted: list[str] 
     return Snapshot(folder, repo_id, revision, info.sha, files, from_cache=False)
 
 
-def _repo_info(api: Any, repo_id: str, revision: str, cfg: HubConfig) -> tuple[Any, str]:
+def repo_info(api: Any, repo_id: str, revision: str, cfg: HubConfig) -> tuple[Any, str]:
     """(the revision's info, "") or (None, why the Hub is unreachable: no answer or a 5xx)."""
     errors = hub().errors
     with hub_errors("download", repo_id, cfg, revision, api):
@@ -342,14 +343,15 @@ def _select(names: list[str], wanted: list[str] | None, repo_id: str, revision: 
     return list(wanted)
 
 
-def _from_cache(repo_id: str, revision: str, cfg: HubConfig, wanted: list[str] | None, reason: str) -> Snapshot:
+def _from_cache(repo_id: str, revision: str, cfg: HubConfig, wanted: list[str] | None, reason: str,
+                fill: str = "pull it once while online") -> Snapshot:
     errors = hub().errors
     try:
         folder = Path(hub().snapshot_download(repo_id, revision=revision, endpoint=cfg.endpoint,
                                               allow_patterns=_patterns(wanted), local_files_only=True))
     except (errors.LocalEntryNotFoundError, errors.IncompleteSnapshotError, FileNotFoundError) as err:
         raise ExportError(f"{repo_id}@{revision} is not in the local cache and the Hub cannot be used ({reason}); "
-                          "check the network and HF_ENDPOINT, or pull it once while online.") from err
+                          f"check the network and HF_ENDPOINT, or {fill}.") from err
     names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     files = _select(names, wanted, repo_id, revision)
     return Snapshot(folder, repo_id, revision, folder.name, files, from_cache=True)

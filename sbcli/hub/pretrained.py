@@ -7,10 +7,17 @@ torchvision's ResNet names (``conv1``, ``bn1``, ``layerN.i.*``, ``layerN.i.downs
 or an sbcli learner's own (``stages.*``, ``head.*``). Every backbone tensor of ``--arch`` at
 ``--width`` must be there with its shape; ``fc``/``head`` rows are dropped.
 
+An sbcli learner directory gives its current network's backbone, with its architecture, width and
+normalisation (:func:`learner_backbone`): a backbone sbcli trained on other classes.
+
 Refused, with nothing trained: a pickle checkpoint (``torch.save``, ``pytorch_model.bin``: loading
 one can run code), a file that is not safetensors, a backbone of another architecture, weights
 whose SHA-256 differs from ``--pretrained-sha256``. What was loaded (repository, revision, commit,
-file, SHA-256) is recorded in learner.json under ``provenance.pretrained``.
+file, SHA-256; a local file or learner by its name and SHA-256, never its path on this machine) is
+recorded in learner.json under ``provenance.pretrained``. A Hub backbone that was fetched once is
+used from the cache when the Hub does not answer.
+
+``random`` (:data:`RANDOM`) says on purpose that a frozen-backbone method keeps random weights.
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ from sbcli.errors import ConfigError
 from sbcli.nets import create_model
 
 SAFETENSORS = "model.safetensors"
+RANDOM = "random"  # --pretrained random: no weights, asked for explicitly
+LEARNER_STATE = "learner.json"
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HEAD_PREFIXES = ("fc.", "head.", "extra.")
 _LAYER = re.compile(r"^layer(\d+)\.(\d+)\.(.*)$")
@@ -38,6 +47,7 @@ class PretrainedWeights:
 
     tensors: dict[str, torch.Tensor]
     record: dict[str, Any]
+    normalization: dict | None = None  # an sbcli learner's own (None: the ImageNet statistics pretrained weights expect)
 
 
 def map_timm_keys(name: str) -> str | None:
@@ -62,6 +72,8 @@ def load(ref: str, arch: str, width: float, *, sha256: str | None = None, hub_cf
         ConfigError: a pickle checkpoint, not safetensors, another architecture, a wrong hash.
         ExportError: the Hub cannot give the file (unknown repository/revision, offline and not cached).
     """
+    if is_learner(ref):
+        return _from_learner(Path(ref).expanduser(), arch, width, sha256)
     path, record = _local(ref) if _looks_local(ref) else _from_hub(ref, hub_cfg)
     from sbcli.hub.zoo import sha256_file
 
@@ -86,13 +98,46 @@ def apply(model: torch.nn.Module, weights: PretrainedWeights) -> None:
         raise ConfigError(f"The pretrained weights do not fit the model ({(left + unexpected)[0]}); report this.")
 
 
+def is_learner(ref: str) -> bool:
+    """``ref`` is an sbcli learner directory (it holds learner.json)."""
+    return (Path(ref).expanduser() / LEARNER_STATE).is_file()
+
+
+def learner_backbone(ref: str) -> dict[str, Any]:
+    """The architecture, width and training resolution of the learner directory ``ref`` (from its learner.json)."""
+    from sbcli.learner.state import read_state
+
+    state = read_state(Path(ref).expanduser())
+    return {"arch": state.arch, "width": state.width, "image_size": state.image_size}
+
+
+def _from_learner(path: Path, arch: str, width: float, sha256: str | None) -> PretrainedWeights:
+    """The current network of an sbcli learner (every file checked as at any load), its head dropped."""
+    from sbcli.learner.state import Learner, open_stored
+
+    learner = Learner.load(path, "cpu")
+    state = learner.state
+    if (state.arch, state.width) != (arch, width):
+        raise ConfigError(f"--pretrained {path.name} is a {state.arch} at width {state.width:g}, not --arch {arch} at "
+                          f"--width {width:g}; drop --arch and --width (they come with the learner).")
+    stored = open_stored(path)
+    digest = stored.hashes.get(stored.files["model"], {}).get("sha256")
+    if sha256 is not None and digest != sha256.lower():
+        raise ConfigError(f"--pretrained {path.name} has model SHA-256 {digest}, not the {sha256} that "
+                          "--pretrained-sha256 asks for; nothing was trained.")
+    tensors = {k: v for k, v in learner.model.state_dict().items() if not k.startswith(HEAD_PREFIXES)}
+    record = {"source": "learner", "name": path.name, "sha256": digest, "arch": arch, "width": width,
+              "classes": state.num_classes, "steps": state.steps}
+    return PretrainedWeights(_match(tensors, arch, width, path.name), record, dict(state.normalization))
+
+
 def _looks_local(ref: str) -> bool:
     return ref.endswith((".safetensors", *PICKLE_SUFFIXES)) or Path(ref).exists()
 
 
 def _origin(record: dict[str, Any]) -> str:
-    if record["source"] == "file":
-        return str(record["path"])
+    if record["source"] in ("file", "learner"):
+        return str(record["name"])
     return f"{record['repo']}@{record['revision']} ({record['file']})"
 
 
@@ -103,11 +148,11 @@ def _local(ref: str) -> tuple[Path, dict[str, Any]]:
                           "only: convert it (safetensors.torch.save_file) or use a model.safetensors.")
     if not path.is_file():
         raise ConfigError(f"--pretrained {ref} is not a file; give a .safetensors file or a Hub repo OWNER/NAME[@REVISION].")
-    return path, {"source": "file", "path": str(path.resolve())}
+    return path, {"source": "file", "name": path.name}  # never the path: a pushed learner would publish it
 
 
 def _from_hub(ref: str, hub_cfg: Any) -> tuple[Path, dict[str, Any]]:
-    from sbcli.hub.client import HubConfig, check_repo_id, client, fetch, hub_errors, is_offline
+    from sbcli.hub.client import HubConfig, check_repo_id, client, fetch, is_offline, repo_info
 
     repo, at, revision = ref.partition("@")
     if not repo or (at and not revision):
@@ -116,10 +161,10 @@ def _from_hub(ref: str, hub_cfg: Any) -> tuple[Path, dict[str, Any]]:
     check_repo_id(repo)
     cfg = hub_cfg or HubConfig()
     revision = revision or "main"
+    info = None
     if not is_offline(cfg):  # look before downloading: a repository with only a pickle is refused here
-        api = client(cfg)
-        with hub_errors("download", repo, cfg, revision, api):
-            info = api.model_info(repo, revision=revision, timeout=cfg.timeout)
+        info, _unreachable = repo_info(client(cfg), repo, revision, cfg)  # None: no answer, the cache may have it
+    if info is not None:
         names = [s.rfilename for s in info.siblings or []]
         if SAFETENSORS not in names:
             pickles = [n for n in names if n.endswith(PICKLE_SUFFIXES)]
@@ -127,7 +172,8 @@ def _from_hub(ref: str, hub_cfg: Any) -> tuple[Path, dict[str, Any]]:
                 raise ConfigError(f"{repo}@{revision} has only a pickle checkpoint ({pickles[0]}), which can run code "
                                   f"when loaded; sbcli reads {SAFETENSORS} only: pick a repository or revision that has one.")
             raise ConfigError(f"{repo}@{revision} has no {SAFETENSORS}; pick a repository or revision that has one.")
-    snap = fetch(repo, revision, cfg, [SAFETENSORS])
+    fill = f"fetch it once while online (`hf download {repo} {SAFETENSORS} --revision {revision}`, or this command)"
+    snap = fetch(repo, revision, cfg, [SAFETENSORS], fill=fill)
     record = {"source": "hub", "repo": repo, "revision": revision, "commit": snap.commit, "file": SAFETENSORS,
               "cached": True}
     return snap.folder / SAFETENSORS, record

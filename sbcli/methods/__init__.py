@@ -1,6 +1,6 @@
 """Methods, one file each, registered by name. Imported explicitly so the registry is complete."""
 
-from sbcli.methods import dd, finetune, joint, simplecil, split_bridge, std  # noqa: F401  (registration)
+from sbcli.methods import dd, finetune, joint, ranpac, simplecil, split_bridge, std  # noqa: F401  (registration)
 from sbcli.methods.base import METHODS, TaskContext, TaskResult, build_config, register_method
 
 

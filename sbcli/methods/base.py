@@ -56,6 +56,7 @@ class TaskContext:
     memory_budget: int = 0
     seen_data: Callable[[], DeviceData] | None = None
     align: bool = True  # weight aligning (under --inference wa) ends the step; False: the task loop aligns later
+    seed: int = 0  # the learner's --seed (what a method draws once, e.g. RanPAC's projection, depends on it alone)
 
     @property
     def lam(self) -> float:
@@ -89,7 +90,7 @@ def first_task_epochs(cfg: Any, epochs: int) -> int:
 # Inference rules after which no class-balanced fine-tuning runs (``--balance-epochs``): BiC's bias layer
 # is fit on the network as the step leaves it, and balancing after it would undo what the layer measured.
 INFERENCE_HELP = ("Inference rule: wa (weight aligning), bic (a bias layer), icarl (nearest mean of exemplars), none "
-                  "(the plain head) or prototype (cosine similarity to class prototypes)")
+                  "(the plain head), prototype (cosine similarity to class prototypes) or ridge (a ridge-regression head)")
 # Rules after which no balancing runs, each with the sentence that refuses an asked --balance-epochs. SimpleCIL's
 # prototypes are class-balanced already and its backbone never trains after the first step.
 UNBALANCED_RULES = {
@@ -97,6 +98,8 @@ UNBALANCED_RULES = {
             "bias); drop one of them."),
     "prototype": ("--balance-epochs does not go with --method simplecil (its backbone stays frozen and its "
                   "prototypes are already class-balanced); drop --balance-epochs."),
+    "ridge": ("--balance-epochs does not go with --method ranpac (its backbone stays frozen and its ridge head is "
+              "already the joint solution over every image seen); drop --balance-epochs."),
 }
 BALANCE_REFUSAL = UNBALANCED_RULES["bic"]
 

@@ -23,7 +23,7 @@ from torch import nn
 
 from sbcli.engine.loop import Engine
 from sbcli.errors import ExportError
-from sbcli.methods import bic, nme, simplecil
+from sbcli.methods import bic, nme, ranpac, simplecil
 from sbcli.methods.memory import FeatureFn
 from sbcli.nets.resnet import IncrementalResNet
 from sbcli.registry import Registry
@@ -136,6 +136,46 @@ def prototype_module(model: IncrementalResNet, extra: dict[str, torch.Tensor]) -
                               "scores by class prototypes", "it is damaged: pull or copy it again")
     return PrototypeScores(model, protos)
 register_scoring_module("bic")(bic.fold_correction)
+
+
+class RidgeScores(nn.Module):
+    """RanPAC's rule: the ridge head on the ReLU of randomly projected features (``--method ranpac``).
+
+    As a graph: the backbone, one MatMul and a ReLU (without a projection, neither), one MatMul.
+    """
+
+    def __init__(self, model: IncrementalResNet, projection: torch.Tensor | None, head: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        device = next(model.parameters()).device
+        self.register_buffer("projection", None if projection is None else projection.detach().float().to(device))
+        self.head = nn.Linear(head.shape[1], head.shape[0], bias=False).to(device)
+        with torch.no_grad():
+            self.head.weight.copy_(head.detach().float())
+        self.head.weight.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.model.forward_features(x).float()
+        if self.projection is not None:
+            h = torch.relu(h @ self.projection)
+        return self.head(h)
+
+
+@register_scoring_module("ridge")
+def ridge_module(model: IncrementalResNet, extra: dict[str, torch.Tensor]) -> nn.Module:
+    """Scores of the ``ridge`` rule from the head (and projection) the method stored in ``extra``.
+
+    Raises:
+        ExportError: the head is missing or does not fit the network and the projection.
+    """
+    head, projection = extra.get(ranpac.HEAD), extra.get(ranpac.PROJECTION)
+    width = model.num_features if projection is None else projection.shape[1]
+    if head is None:
+        raise ExportError("The learner scores with a ridge head but holds none; it is damaged: pull or copy it again.")
+    if head.shape != (model.num_classes, width) or (projection is not None and projection.shape[0] != model.num_features):
+        raise ExportError(f"The stored ridge head has shape {tuple(head.shape)}, not ({model.num_classes}, {width}); "
+                          "the learner is inconsistent, pull or copy it again.")
+    return RidgeScores(model, projection, head)
 
 
 StateRefresh = Callable[[IncrementalResNet, torch.Tensor, torch.Tensor, FeatureFn, Any], dict[str, torch.Tensor]]

@@ -33,13 +33,13 @@ if TYPE_CHECKING:  # torch only inside the functions: the CLI reads this Config 
 
 PROTOTYPES_KEY = "simplecil.prototypes"  # read by the ``prototype`` scoring module
 INFERENCE = "prototype"
+ADAPT_HELP = "Fine-tune the backbone with CE on the first task for N epochs (APER), then freeze it (0: frozen as built or loaded)."
 
 
 @dataclass(frozen=True)
 class Config:
     inference: str = option(INFERENCE, INFERENCE_HELP)
-    adapt_epochs: int = option(0, "Fine-tune the backbone with CE on the first task for N epochs (APER), then freeze "
-                                  "it (0: frozen as built or loaded).", default_text="0")
+    adapt_epochs: int = option(0, ADAPT_HELP, default_text="0")
     prototype_flips: bool = option(False, "Class prototypes also over the horizontally flipped training images.")
     first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
                                           "(the authors' code).")
@@ -100,8 +100,10 @@ def stored_prototypes(extra: dict[str, torch.Tensor], num_old: int) -> torch.Ten
     return old
 
 
-def _adapt(ctx: TaskContext, cfg: Config) -> list:
-    """APER's adaptation: CE on the first task's images for ``adapt_epochs`` epochs (none: no phase)."""
+def adapt(ctx: TaskContext, cfg: Config) -> list:
+    """APER's adaptation: CE on the first task's images for ``adapt_epochs`` epochs (none: no phase).
+
+    ``cfg`` is any frozen-backbone method's Config with ``adapt_epochs`` and ``first_task_rules``."""
     if ctx.step > 0 or cfg.adapt_epochs == 0:
         return []
     from sbcli.engine.loop import Phase
@@ -116,19 +118,19 @@ def _no_training(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
     return 0
 
 
-def _adapt_epochs(cfg: Config, epochs: int) -> int:
+def adapt_epochs(cfg: Config, epochs: int) -> int:
     """The first step trains only its adaptation epochs (none by default)."""
     return cfg.adapt_epochs
 
 
 @register_method("simplecil", Config, "prototypes on a frozen backbone, cosine scores (no training, no exemplars)",
-                 (INFERENCE,), plan=_no_training, first_plan=_adapt_epochs, frozen_backbone=True,
+                 (INFERENCE,), plan=_no_training, first_plan=adapt_epochs, frozen_backbone=True,
                  run_defaults=(("memory", 0),), title="SimpleCIL: class prototypes on a frozen backbone (Zhou et al., IJCV 2024)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     import torch
 
     old = stored_prototypes(ctx.extra, ctx.num_old)
-    phases = _adapt(ctx, cfg)
+    phases = adapt(ctx, cfg)
     start = time.perf_counter()
     new = new_prototypes(ctx.engine, ctx.model, ctx.data.images, ctx.data.labels,
                          range(ctx.num_old, ctx.num_total), cfg.prototype_flips)

@@ -68,7 +68,7 @@ def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, o
     state = learner.state
     start = banner.banner(len(new), len(opened.train), len(opened.test) if opened.test is not None else 0,
                           state.image_size, banner.folder_sizes(Path(spec["path"])), f"{state.arch}, width x{state.width:g}",
-                          state.train_config, dev)
+                          state.train_config, dev, trains=_trains(state, len(new)))
     preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
                                                                  state.image_size, state.memory["budget"]))
     old = evalsets.test_data(learner, opts.data_roots) if learner.state.tasks else None
@@ -97,3 +97,11 @@ def _set_schedule(learner: Learner, epochs: int | None, warmup_epochs: float | N
     changes = {k: v for k, v in (("epochs", epochs), ("warmup_epochs", warmup_epochs)) if v is not None}
     validate.check_settings({"train_config": {**dataclasses.asdict(cfg), **changes}})
     learner.state.train_config = dataclasses.replace(cfg, **changes)
+
+
+def _trains(state, new: int) -> bool:
+    """Whether the step trains at all (a frozen-backbone method's later steps do not)."""
+    from sbcli.methods import METHODS
+
+    return METHODS.get(state.method).plan(state.method_config, state.train_config.epochs, state.num_classes,
+                                          state.num_classes + new) > 0

@@ -38,9 +38,11 @@ class RunBanner:
             resized = f" (resized from {', '.join(self.resized_from[:2])}{more})"
         balance = (f" (and {self.balance_epochs} of class-balanced fine-tuning after each later step)"
                    if self.balance_epochs else "")
+        epochs = (f"{self.epochs} epoch{'s' if self.epochs != 1 else ''} a phase{balance}" if self.epochs
+                  else "no training (the backbone stays frozen: one pass over the images)")
         return (f"Found {self.classes} classes, {self.train_images} training images{test}; "
                 f"at {self.image_size}x{self.image_size} pixels{resized}; {self.network}; "
-                f"{self.epochs} epoch{'s' if self.epochs != 1 else ''} a phase{balance}; on {self.device} in {self.precision}.")
+                f"{epochs}; on {self.device} in {self.precision}.")
 
 
 def native_sizes(images: torch.Tensor | None) -> list[str]:
@@ -71,9 +73,10 @@ def folder_sizes(root: Path, limit: int = PEEK) -> list[str]:
 
 
 def banner(classes: int, train_images: int, test_images: int, image_size: int, sizes: list[str], network: str,
-           train: TrainConfig, device: torch.device) -> RunBanner:
-    """The banner of a run that trains at ``image_size`` on images that come in ``sizes``."""
+           train: TrainConfig, device: torch.device, trains: bool = True) -> RunBanner:
+    """The banner of a run that trains at ``image_size`` on images that come in ``sizes`` (``trains``: False for a
+    method that trains nothing in this run, such as a ridge head or prototypes on a frozen backbone)."""
     square = f"{image_size}x{image_size}"
     return RunBanner(classes, train_images, test_images, image_size, [s for s in sizes if s != square], network,
-                     train.epochs, train.balance_epochs or 0, str(device),
+                     train.epochs if trains else 0, (train.balance_epochs or 0) if trains else 0, str(device),
                      "bf16" if uses_bf16(train.precision, device) else "fp32")

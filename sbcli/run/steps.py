@@ -88,7 +88,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
                       make_aux_model=lambda n: create_model(state.arch, n, state.width).to(engine.device),
                       extra=dict(learner.extra), memory_budget=learner.memory.budget,
                       seen_data=None if seen_train is None else lambda: _on_device(seen_train(), engine),
-                      align=not align_last)
+                      align=not align_last, seed=state.seed)
     result = method.learn_task(ctx, cfg)
     learner.extra.update(result.extra_state)
     learner.memory.update(train.images, train.labels, state.num_classes, lambda x: engine.features(learner.model, x))
@@ -101,7 +101,8 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
         learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
     metrics = evaluate_learner(learner, engine, test)
     entry = {"step": step + 1, "num_classes": state.num_classes, "metrics": metrics.to_json()}
-    if outside_network(cfg.inference):  # other tools report both: the rule's accuracy and the network's
+    if outside_network(cfg.inference) and not method.frozen_backbone:  # the rule's accuracy and the network's
+        # (a frozen backbone's head is never trained: its accuracy would be chance, and scoring it a wasted pass)
         entry["network_metrics"] = evaluate_learner(learner, engine, test, network=True).to_json()
     seconds = time.perf_counter() - start
     state.tasks.append(task_record)

@@ -103,7 +103,7 @@ def _number(lo: float, hi: float, *, lo_open: bool = False, nan: bool = False) -
         if lo <= -1e300 and hi >= 1e300:
             return f"must be a finite number, found {_found(v)}"
         side = "above" if lo_open else "from"
-        return f"must be a number {side} {lo:g} up to {hi:g}, found {_found(v)}"
+        return f"must be a number {side} {lo} up to {hi}, found {_found(v)}"
     return check
 
 

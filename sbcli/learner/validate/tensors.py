@@ -157,7 +157,7 @@ def _whole(v: object) -> bool:
 def check_model_tensors(tensors: dict[str, torch.Tensor], state: Any, where: Path | str) -> None:
     """The network's weights as the learner's architecture has them: names, shapes, dtypes, finite.
 
-    Method state (``extra.*``) must be float32 or int64 and finite. The expected weights come
+    Method state (``extra.*``) must be float32, float64 (a ridge head's running sums) or int64 and finite. The expected weights come
     from the network built on the ``meta`` device, so nothing is allocated here.
 
     Raises:
@@ -179,8 +179,8 @@ def check_model_tensors(tensors: dict[str, torch.Tensor], state: Any, where: Pat
         if tuple(got.shape) != tuple(want.shape):
             raise _damaged(where, f"{name} has shape {list(got.shape)}, the network needs {list(want.shape)}")
     for name, value in tensors.items():
-        if name.startswith(EXTRA_PREFIX) and value.dtype not in (torch.float32, torch.int64):
-            raise _damaged(where, f"{name} is stored as {_dtype(value.dtype)}, not float32 or int64")
+        if name.startswith(EXTRA_PREFIX) and value.dtype not in (torch.float32, torch.float64, torch.int64):
+            raise _damaged(where, f"{name} is stored as {_dtype(value.dtype)}, not float32, float64 or int64")
         _check_finite(name, value, where)
 
 

@@ -1,0 +1,237 @@
+"""RanPAC: a ridge-regression head on a frozen backbone's randomly projected features (McDonnell et al., NeurIPS 2023).
+
+Each image's pooled feature ``f`` [D] goes through a fixed random projection and a ReLU,
+``h = relu(f W_rand)`` [M] (``--projection M``; 0: the features themselves, a plain ridge head).
+Every step adds its images to two running sums, in float64,
+
+    G += H^T H      (M x M)        Q += H^T Y      (M x C, Y one-hot)
+
+and the head is the ridge solution ``W = (G + lambda I)^-1 Q`` (by Cholesky). Because G and Q are
+sums, the head after any number of steps is exactly the joint ridge regression on every image seen,
+with no exemplar kept: nothing is forgotten, and ``sb add-task`` is one forward pass over the new
+images and one M x M solve. ``lambda`` (``--ridge``; default: chosen) is picked at every step on a
+held-back fifth of the new images (the grid RanPAC uses, 1e-8 .. 1e14, lowest squared error), then
+the head is solved on all of them. The scores are then scaled by one temperature fitted on the same
+held-back images (lowest negative log-likelihood), so that the probabilities a user reads from
+``sb predict`` mean what they say: the ridge scores themselves sit near 0 and 1, where a softmax is
+nearly uniform.
+
+The learner keeps ``ranpac.projection`` [D, M] (float32; drawn once from ``--seed``), ``ranpac.gram``
+(G) and ``ranpac.targets`` (Q) in float64, and ``ranpac.head`` [C, M] (float32, the temperature folded
+in): the ``ridge`` scoring module of :mod:`sbcli.methods.inference` is the backbone, one MatMul, a ReLU
+and one MatMul, which is what ``sb evaluate``, ``sb predict``, ``sb serve`` and the ONNX export compute.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sbcli.errors import ConfigError, LearnerError
+from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+from sbcli.methods.simplecil import ADAPT_HELP, adapt, adapt_epochs
+
+if TYPE_CHECKING:  # torch only inside the functions: the CLI reads this Config without it
+    import torch
+
+INFERENCE = "ridge"
+PROJECTION, GRAM, TARGETS, HEAD = "ranpac.projection", "ranpac.gram", "ranpac.targets", "ranpac.head"
+RIDGE_GRID = tuple(10.0**k for k in range(-8, 15))  # RanPAC's candidates
+HELD_BACK = 0.2  # of each step's new images, to choose lambda and the temperature
+TEMPERATURES = tuple(2.0**k for k in range(-5, 6))  # a handful of held-back images cannot justify sharper
+MAX_PROJECTION = 20_000  # G alone is M * M * 8 bytes: 3.2 GB at 20,000
+
+
+@dataclass(frozen=True)
+class Config:
+    inference: str = option(INFERENCE, INFERENCE_HELP)
+    projection: int = option(2000, "Size of the random projection before the ridge head (0: none, the backbone's "
+                                   "features themselves; its Gram matrix takes M x M x 8 bytes).", default_text="2000")
+    ridge: float | None = option(None, "The ridge strength lambda (default: chosen at every step on a held-back "
+                                       "fifth of the new images).", default_text="chosen")
+    adapt_epochs: int = option(0, ADAPT_HELP, default_text="0")
+    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
+                                          "(the authors' code).")
+
+    def __post_init__(self) -> None:
+        if self.inference != INFERENCE:
+            raise ConfigError(f"--method ranpac scores with its ridge head; drop --inference {self.inference} "
+                              f"(its only rule is {INFERENCE}).")
+        if not isinstance(self.projection, int) or not 0 <= self.projection <= MAX_PROJECTION:
+            raise ConfigError(f"--projection {self.projection} is outside 0..{MAX_PROJECTION}; give e.g. 2000 "
+                              "(0: no projection).")
+        if self.ridge is not None and not 0 < self.ridge < 1e300:
+            raise ConfigError(f"--ridge {self.ridge} is not a positive strength; give e.g. 1000, or leave it out "
+                              "to choose it on held-back images.")
+        if not isinstance(self.adapt_epochs, int) or self.adapt_epochs < 0:
+            raise ConfigError(f"--adapt-epochs {self.adapt_epochs} is not a count of epochs; give 0 (a frozen "
+                              "backbone) or more.")
+
+
+# -- the equations ------------------------------------------------------------------------------
+
+
+def random_projection(features: int, size: int, seed: int) -> torch.Tensor:
+    """W_rand [D, M]: standard normal entries from its own generator (the same on every machine)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(features, size, generator=gen, dtype=torch.float32)
+
+
+def project(features: torch.Tensor, projection: torch.Tensor | None) -> torch.Tensor:
+    """h = relu(f W_rand) in float64 (the features themselves without a projection)."""
+    import torch
+
+    f = features.double()
+    return f if projection is None else torch.relu(f @ projection.double())
+
+
+def accumulate(gram: torch.Tensor, targets: torch.Tensor, h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """G + H^T H and Q + H^T Y."""
+    return gram + h.T @ h, targets + h.T @ y
+
+
+def solve_ridge(gram: torch.Tensor, targets: torch.Tensor, ridge: float) -> torch.Tensor:
+    """W = (G + lambda I)^-1 Q [M, C], by Cholesky.
+
+    Raises:
+        ConfigError: G + lambda I is not positive definite (lambda far too small for these features).
+    """
+    import torch
+
+    eye = torch.eye(gram.shape[0], dtype=gram.dtype)
+    factor, info = torch.linalg.cholesky_ex(gram + ridge * eye)
+    if int(info) != 0:
+        raise ConfigError(f"The ridge system is not positive definite at --ridge {ridge:g}; give a larger --ridge "
+                          "or leave it out to choose it.")
+    return torch.cholesky_solve(targets, factor)
+
+
+def one_hot(labels: torch.Tensor, classes: int) -> torch.Tensor:
+    import torch
+
+    return torch.nn.functional.one_hot(labels.long(), classes).double()
+
+
+def choose_ridge(gram: torch.Tensor, targets: torch.Tensor, held_h: torch.Tensor, held_y: torch.Tensor) -> float:
+    """The lambda of :data:`RIDGE_GRID` whose head (on ``gram``/``targets``) has the lowest squared error on
+    the held-back images: one eigendecomposition, then every candidate in a matrix product."""
+    import torch
+
+    values, vectors = torch.linalg.eigh(gram)
+    rotated_q, rotated_h = vectors.T @ targets, held_h @ vectors
+    errors = [float(((rotated_h @ (rotated_q / (values + ridge)[:, None]) - held_y) ** 2).mean()) for ridge in RIDGE_GRID]
+    return RIDGE_GRID[min(range(len(errors)), key=errors.__getitem__)]
+
+
+def fit_temperature(scores: torch.Tensor, labels: torch.Tensor) -> float:
+    """The T of :data:`TEMPERATURES` for which softmax(scores / T) has the lowest NLL on ``labels``."""
+    import torch
+
+    nll = [float(torch.nn.functional.cross_entropy(scores.double() / t, labels.long())) for t in TEMPERATURES]
+    return TEMPERATURES[min(range(len(nll)), key=nll.__getitem__)]
+
+
+def held_back_split(labels: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
+    """A boolean mask of about ``fraction`` of each class's images (at least one left to fit on)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    held = torch.zeros(len(labels), dtype=torch.bool)
+    for c in labels.unique():
+        idx = (labels == c).nonzero().flatten()
+        take = min(int(len(idx) * fraction), len(idx) - 1)
+        held[idx[torch.randperm(len(idx), generator=gen)[:take]]] = True
+    return held
+
+
+# -- one step -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RidgeState:
+    """What the learner keeps between steps: the projection and the running sums."""
+
+    projection: torch.Tensor | None
+    gram: torch.Tensor
+    targets: torch.Tensor
+
+    @classmethod
+    def start(cls, features: int, cfg: Config, seed: int) -> RidgeState:
+        import torch
+
+        projection = random_projection(features, cfg.projection, seed) if cfg.projection else None
+        size = cfg.projection or features
+        return cls(projection, torch.zeros(size, size, dtype=torch.float64), torch.zeros(size, 0, dtype=torch.float64))
+
+    @classmethod
+    def stored(cls, extra: dict[str, torch.Tensor], num_old: int) -> RidgeState:
+        """The state after the previous step.
+
+        Raises:
+            LearnerError: the learner's ridge tensors are missing or do not fit each other.
+        """
+        gram, targets = extra.get(GRAM), extra.get(TARGETS)
+        if gram is None or targets is None or targets.shape[1] != num_old or gram.shape[0] != targets.shape[0]:
+            raise LearnerError(f"The learner knows {num_old} classes but its ridge head's sums do not fit them; "
+                               "it is damaged or was not trained with --method ranpac.")
+        return cls(extra.get(PROJECTION), gram, targets)
+
+    def grown(self, classes: int) -> RidgeState:
+        """Q with zero columns for the new classes (no image of them yet)."""
+        import torch
+
+        pad = torch.zeros(self.targets.shape[0], classes - self.targets.shape[1], dtype=torch.float64)
+        return RidgeState(self.projection, self.gram, torch.cat([self.targets, pad], dim=1))
+
+
+def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, classes: int, ridge: float | None,
+             seed: int) -> tuple[RidgeState, torch.Tensor, dict]:
+    """Add one step's images to the sums and solve the head.
+
+    Returns:
+        the new state, the head [C, M] in float32 (temperature folded in), and what was chosen.
+    """
+    state = state.grown(classes)
+    h, y = project(features, state.projection), one_hot(labels, classes)
+    held = held_back_split(labels, HELD_BACK, seed)
+    chosen = ridge
+    temperature = 1.0
+    if held.any():
+        fit_g, fit_q = accumulate(state.gram, state.targets, h[~held], y[~held])
+        if chosen is None:
+            chosen = choose_ridge(fit_g, fit_q, h[held], y[held])
+        temperature = fit_temperature(h[held] @ solve_ridge(fit_g, fit_q, chosen), labels[held])
+    chosen = chosen if chosen is not None else 1.0
+    gram, targets = accumulate(state.gram, state.targets, h, y)
+    head = (solve_ridge(gram, targets, chosen) / temperature).T.float().contiguous()
+    return RidgeState(state.projection, gram, targets), head, {"ridge": chosen, "temperature": temperature,
+                                                              "held_back": int(held.sum())}
+
+
+def _no_training(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
+    """A later step trains nothing: one pass of features and one solve."""
+    return 0
+
+
+@register_method("ranpac", Config, "a ridge-regression head on randomly projected frozen features (no training, "
+                 "no exemplars, exact over steps)", (INFERENCE,), plan=_no_training, first_plan=adapt_epochs,
+                 frozen_backbone=True, run_defaults=(("memory", 0),),
+                 title="RanPAC: a ridge head on random projections of a frozen backbone (McDonnell et al., NeurIPS 2023)")
+def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
+    phases = adapt(ctx, cfg)
+    start = time.perf_counter()
+    new = ctx.data.labels >= ctx.num_old  # exemplars, if any were asked for, are not seen twice
+    features = ctx.engine.features(ctx.model, ctx.data.images[new]).cpu()
+    labels = ctx.data.labels[new].cpu()
+    state = (RidgeState.start(features.shape[1], cfg, ctx.seed) if ctx.num_old == 0
+             else RidgeState.stored(ctx.extra, ctx.num_old))
+    state, head, chosen = fit_step(state, features, labels, ctx.num_total, cfg.ridge, ctx.seed * 1000 + ctx.step)
+    extra = {GRAM: state.gram, TARGETS: state.targets, HEAD: head}
+    if state.projection is not None:
+        extra[PROJECTION] = state.projection
+    record = {**chosen, "images": int(new.sum()), "projection": cfg.projection,
+              "ridge_seconds": round(time.perf_counter() - start, 3)}
+    return TaskResult(phases=phases, record=record, extra_state=extra)
