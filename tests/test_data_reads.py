@@ -299,3 +299,19 @@ def test_the_walk_still_refuses_a_loop_deep_down(tmp_path: Path) -> None:
     (tmp_path / "c" / "again").symlink_to(deep)
     (deep / "back").unlink()
     assert [p.name for p, _ in walk.walk_stats(tmp_path / "c")] == ["a.png", "a.png"]
+
+
+def test_sb_predict_refuses_a_fifo_and_a_device_link_at_once(tmp_path: Path) -> None:
+    """`sb predict` reads image files through the same bounded reader as training (it blocked on a FIFO)."""
+    import os
+    import subprocess
+    import sys
+
+    fifo, zero = tmp_path / "x.png", tmp_path / "z.png"
+    os.mkfifo(fifo)
+    zero.symlink_to("/dev/zero")
+    for bad in (fifo, zero):
+        code = ("from pathlib import Path; from sbcli.serve.predict import read_image_file\n"
+                f"try:\n    read_image_file(Path({str(bad)!r}))\nexcept Exception as err:\n    print(type(err).__name__, err)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+        assert out.stdout.startswith("DataError") and "not a regular file" in out.stdout, out.stdout + out.stderr

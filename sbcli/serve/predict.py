@@ -6,7 +6,6 @@ squared distances, so these are relative, not calibrated).
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -15,11 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from sbcli.data.pixels import MAX_IMAGE_BYTES, read_image_file  # regular files only, the size checked first
 from sbcli.errors import ConfigError, DataError
 from sbcli.serve.model import Classifier, LearnerOpener, open_classifier
 from sbcli.serve.preprocess import IMAGE_EXTENSIONS, Preprocess
 
-MAX_FILE_BYTES = 64 * 2**20  # an image file larger than this is refused before it is read
+MAX_FILE_BYTES = MAX_IMAGE_BYTES  # an image file larger than this is refused before it is read
 
 
 @dataclass(frozen=True)
@@ -79,24 +79,6 @@ def find_images(paths: Sequence[Path]) -> list[Path]:
     if not found:
         raise DataError(f"No image files in {', '.join(map(str, paths))}; give .jpg, .png, ... files or folders holding them.")
     return found
-
-
-def read_image_file(path: Path, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of one image file, refused from its size before it is read (and never more than ``limit`` read).
-
-    Raises:
-        DataError: the file cannot be read, or holds more than ``limit`` bytes.
-    """
-    try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            data = f.read(limit + 1) if size <= limit else b""
-    except OSError as err:
-        raise DataError(f"Cannot read {path} ({err}); check that the file is readable.") from err
-    if size > limit or len(data) > limit:
-        raise DataError(f"{path} holds {max(size, len(data)):,} bytes, more than the {limit:,} read per image; "
-                        "give a smaller image file.")
-    return data
 
 
 def _read_decode(spec: Preprocess, path: Path) -> np.ndarray:
