@@ -14,12 +14,11 @@ from typing import Any
 
 import numpy as np
 
-from sbcli.data.pixels import MAX_IMAGE_BYTES, read_image_file  # regular files only, the size checked first
+from sbcli.data.pixels import read_image_file  # regular files only, the size checked first
 from sbcli.errors import ConfigError, DataError
 from sbcli.serve.model import Classifier, LearnerOpener, open_classifier
 from sbcli.serve.preprocess import IMAGE_EXTENSIONS, Preprocess
 
-MAX_FILE_BYTES = MAX_IMAGE_BYTES  # an image file larger than this is refused before it is read
 
 
 @dataclass(frozen=True)
