@@ -42,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 from gpu_check_report import TARGET_IMG_S, TARGET_NO_TEACHER_IMG_S, TARGET_X_REF, markdown  # noqa: E402
-from gpu_data import travel_size  # noqa: E402
+from gpu_data import copy_size  # noqa: E402
 from gpu_env import environment  # noqa: E402
 
 
@@ -367,8 +367,9 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-results"))
     p.add_argument("--data", type=Path, default=REPO / ".gpu-data" / "tiny-imagenet-100-32px.zip")
     p.add_argument("--work", type=Path, default=Path("/tmp/sbcli-gpu-check"))
-    p.add_argument("--budget-s", type=float, default=540.0, help="the whole check (keep under the call's timeout_s)")
-    p.add_argument("--dry", action="store_true", help="tiny sizes, any device (the CPU here)")
+    p.add_argument("--budget-s", type=float, default=540.0,
+                   help="time budget of the whole check, seconds (9 minutes): a step that no longer fits is skipped")
+    p.add_argument("--dry", action="store_true", help="tiny sizes, any device (the CPU without a GPU)")
     p.add_argument("--skip", default="", help=f"comma-separated steps to leave out: {','.join(STEPS)}")
     p.add_argument("--bench-seconds", type=float, default=3.0)
     p.add_argument("--bench-rounds", type=int, default=2)
@@ -379,8 +380,11 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
     p.add_argument("--control", choices=("auto", "yes", "no"), default="auto")
     p.add_argument("--flops", action="store_true",
                    help="print the FLOPs per image of the benchmark's training steps (CPU, a second) and exit")
-    p.add_argument("--travel-size", action="store_true",
-                   help="before copying the checkout to a GPU machine: print what the copy weighs (MiB, of 64) and exit")
+    p.add_argument("--copy-size", action="store_true",
+                   help="before copying the checkout to a GPU machine: print what the copy weighs (MiB, with .gpu-data/ and "
+                        ".whl/) and exit")
+    p.add_argument("--max-copy-mb", type=float, default=None,
+                   help="with --copy-size: exit 1 when the copy weighs more than this many MiB (default: no limit)")
     a = p.parse_args(argv)
     skip = tuple(s for s in a.skip.split(",") if s)
     unknown = set(skip) - set(STEPS)
@@ -392,12 +396,20 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
                        sequence=a.sequence, sequence_epochs=a.sequence_epochs, control=a.control)
 
 
+def copy_limit(argv: list[str]) -> float | None:
+    """``--max-copy-mb`` of ``argv`` (None: no limit)."""
+    p = argparse.ArgumentParser()
+    p.add_argument("--max-copy-mb", type=float, default=None)
+    return p.parse_known_args(argv)[0].max_copy_mb
+
+
 def main(argv: list[str] | None = None) -> None:
     if "--flops" in (sys.argv[1:] if argv is None else argv):
         print(json.dumps(step_flops(1.0, 32, 100)))  # the benchmark's network: ResNet-18, 32 px, 100 classes
         return
-    if "--travel-size" in (sys.argv[1:] if argv is None else argv):
-        size = travel_size(REPO, [".gpu-data", ".whl"])  # before copying the checkout to the GPU machine
+    if "--copy-size" in (sys.argv[1:] if argv is None else argv):
+        limit = copy_limit(sys.argv[1:] if argv is None else argv)
+        size = copy_size(REPO, [".gpu-data", ".whl"], limit)  # before copying the checkout to the GPU machine
         print(json.dumps(size))
         sys.exit(0 if size["fits"] else 1)
     cfg = parse(argv)

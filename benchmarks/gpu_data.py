@@ -1,8 +1,9 @@
 """The data and the files of a GPU machine's run: the 32 px Tiny-ImageNet-100 archive, and what is copied there.
 
 The archive (``tiny-imagenet-100-32px.zip``, class-per-folder WebP) goes to the GPU machine in the
-ignored folder ``.gpu-data/`` of the checkout (docs/lab/performance.md, "On a GPU"); where the checkout
-is copied to that machine with a size limit, :func:`travel_size` says beforehand whether it fits.
+ignored folder ``.gpu-data/`` of the checkout (docs/lab/performance.md, "On a GPU"). When the checkout
+is copied to another machine, :func:`copy_size` says beforehand what the copy weighs and, given a
+limit, whether it fits.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import zipfile
 from pathlib import Path
 
 DATA_NAME = "tiny-imagenet-100-32px"
-TRAVEL_LIMIT_MIB = 64
 
 
 def unzip(archive: Path, dest: Path) -> Path:
@@ -53,25 +53,31 @@ def write_tiny_archive(path: Path, classes: int = 6, train: int = 12, test: int 
     return path
 
 
-def travel_size(repo: Path, carry: list[str]) -> dict:
-    """What copying the checkout sends: tracked and untracked-not-ignored files plus the extra paths (bytes)."""
+def copy_size(repo: Path, extra: list[str], max_mib: float | None = None) -> dict:
+    """What copying the checkout weighs: its tracked and untracked-not-ignored files, plus the ignored
+    paths ``extra`` that go with it (``.gpu-data``, ``.whl``), in MiB; ``fits``: at most ``max_mib``
+    (always, without a limit)."""
     listed = subprocess.run(["git", "ls-files", "-z", "-co", "--exclude-standard"], cwd=repo, capture_output=True,
                             check=True).stdout.decode().split("\0")
     tree = sum((repo / f).stat().st_size for f in listed if f and (repo / f).is_file())
     carried = {c: sum(p.stat().st_size for p in (repo / c).rglob("*") if p.is_file()) if (repo / c).is_dir()
-               else ((repo / c).stat().st_size if (repo / c).is_file() else 0) for c in carry}
+               else ((repo / c).stat().st_size if (repo / c).is_file() else 0) for c in extra}
     total = tree + sum(carried.values())
     return {"tree_mib": round(tree / 2**20, 1), "carried_mib": {k: round(v / 2**20, 1) for k, v in carried.items()},
-            "total_mib": round(total / 2**20, 1), "limit_mib": TRAVEL_LIMIT_MIB,
-            "fits": total <= TRAVEL_LIMIT_MIB * 2**20}
+            "total_mib": round(total / 2**20, 1), "limit_mib": max_mib,
+            "fits": max_mib is None or total <= max_mib * 2**20}
+
+
+travel_size = copy_size  # the earlier name, still called by tests/benchmarks/test_gpu_check.py
 
 
 def write_subset(archive: Path, dest: Path, train_per_class: int | None, test_per_class: int | None = None) -> Path:
     """A class-per-folder archive of ``archive``'s first ``train_per_class`` training (and
     ``test_per_class`` test) files of every class, in file-name order, its bytes as they are.
 
-    For the own-data GPU runs: CIFAR-10 at "a few hundred photos a class" (500) fits beside the 32 px
-    Tiny-ImageNet-100 archive under a 64 MiB copy limit (``travel_size``).
+    For the own-data GPU runs: CIFAR-10 at "a few hundred photos a class" (500) beside the 32 px
+    Tiny-ImageNet-100 archive keeps the copy to the GPU machine small (under 64 MiB with the
+    checkout: :func:`copy_size`).
     """
     limits = {"train": train_per_class, "test": test_per_class}
     with zipfile.ZipFile(archive) as src, zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as out:

@@ -46,7 +46,7 @@ from own_data_jobs import Job  # noqa: E402
 from realdata import DATA_DIR  # noqa: E402  (the one data setting: $SBCLI_TEST_DATA)
 
 TINY_ZIP = "tiny-imagenet-100-32px.zip"
-CIFAR_ZIPS = ("cifar10-500.zip", "cifar10-jpeg.zip")  # the device subset, or the whole set (cut to 500 here)
+CIFAR_ZIPS = ("cifar10-500.zip", "cifar10-jpeg.zip")  # 500 a class (gpu_data.write_subset), or the whole set (cut to 500 here)
 
 
 @dataclass(frozen=True)
@@ -229,7 +229,8 @@ def main() -> None:
     if args.report:
         print(report(results, [STUDIES[s] for s in studies]))
         return
-    data = args.data or next((p for p in (DATA_DIR, REPO / ".gpu-data") if p.is_dir()), REPO / ".gpu-data")
+    folders = (p for p in (DATA_DIR, REPO / ".gpu-data") if p is not None and p.is_dir())  # DATA_DIR: None when unset
+    data = args.data or next(folders, REPO / ".gpu-data")
     if args.dry:
         data = args.work / "dry-data"
         data.mkdir(parents=True, exist_ok=True)

@@ -187,7 +187,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=REPO / ".gpu-data")
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or REPO / "gpu-results"))
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "sbcli-own-data")
-    parser.add_argument("--budget-s", type=float, default=450.0)
+    parser.add_argument("--budget-s", type=float, default=450.0, help="time budget of all the runs together, seconds")
     parser.add_argument("--min-start-s", type=float, default=40.0)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of each run")

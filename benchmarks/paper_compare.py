@@ -221,13 +221,22 @@ def run_control(cfg: CompareConfig, epochs: int, work: Path, show: Callable) -> 
         stop = start
         while stop + 1 < len(per_step) and per_step[stop + 1] == per_step[start]:
             stop += 1
-        if start:  # the learner's later steps train with the epochs stored in its learner.json
-            path = out / "learner.json"
-            state = json.loads(path.read_text(encoding="utf-8"))
-            state["train_config"]["epochs"] = per_step[start]
-            path.write_text(json.dumps(state, indent=2) + "\n", encoding="utf-8")
+        if start:  # the learner's later steps train with the epochs its state records
+            _set_epochs(out, per_step[start])
         _train_until(seq, run, out, stop + 1, resume=start > 0, show=show)
         start = stop + 1
+
+
+def _set_epochs(out: Path, epochs: int) -> None:
+    """Record ``epochs`` as the learner's epochs a step: its current step saved again (learner.json and the
+    step's hashed record agree, as every load checks)."""
+    from sbcli.learner.state import Learner
+    from sbcli.learner.store.lock import writer_lock
+
+    learner = Learner.load(out, "cpu")
+    learner.state.train_config = dataclasses.replace(learner.state.train_config, epochs=epochs)
+    with writer_lock(out, "train"):
+        learner.save(out)
 
 
 class _StepsDone(Exception):
@@ -333,7 +342,7 @@ def parse(argv: list[str] | None = None) -> tuple[CompareConfig, Path, Path | No
     p.add_argument("--data", type=Path, default=Path(".gpu-data") / f"{DATA_NAME}.zip", help="the 32 px archive")
     p.add_argument("--out", type=Path, default=Path("compare-results"), help="where the tables and learner.json files go")
     p.add_argument("--work", type=Path, default=Path("/tmp/sbcli-compare"), help="data and learners (large)")
-    p.add_argument("--budget-s", type=float, default=540.0)
+    p.add_argument("--budget-s", type=float, default=540.0, help="time budget of the whole comparison, seconds (9 minutes)")
     p.add_argument("--epochs", type=int, default=None, help="per phase (default: as many as fit the budget)")
     p.add_argument("--min-epochs", type=int, default=10)
     p.add_argument("--control", choices=("auto", "yes", "no"), default="auto")

@@ -12,7 +12,7 @@ resized to ``--image-size`` px. The cut is written once as a class-per-folder tr
 Runs are learner directories under ``--work/runs``: an interrupted benchmark continues where it
 stopped when run again with the same options.
 
-Example (the run of docs/lab/benchmarks.md; 2-core VM, no GPU):
+Example (the run of docs/lab/benchmarks.md; a 2-core CPU, no GPU):
 
     nice -n 10 python benchmarks/sb_vs_std.py --classes 20 --per-class 100 --tasks 2 5 --seeds 0 1 2 \\
         --epochs 5 --batch-size 32 --precision fp32 --json /tmp/sb-vs-std.json

@@ -14,7 +14,7 @@ which model versions answered. The baselines run in this process on the same ima
 after the HTTP run (a shared machine's load changes): onnxruntime one image per call (decode
 included, as a server would), then in batches of ``--max-batch-size``.
 Latencies are per request as the client sees them; p50/p99 are over all requests. Clients and the
-server share this machine's CPUs, so on a small VM the HTTP numbers include the clients' own cost.
+server share this machine's CPUs, so with few cores the HTTP numbers include the clients' own cost.
 """
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ from sbcli.engine.loop import Engine, StepOutputs, TrainConfig
 from sbcli.errors import ConfigError, ExportError
 from sbcli.learner.state import Learner
 from sbcli.methods import nme
-from sbcli.methods.inference import NME_MEANS, NearestMeanScores, scoring_module
+from sbcli.methods.inference import scoring_module
 from sbcli.methods.losses import ce_loss, kd_loss
+from sbcli.methods.rules.modules import NearestMeanScores
+from sbcli.methods.rules.nme import MEANS_KEY as NME_MEANS
 from sbcli.methods.std import icarl_loss
 from sbcli.nets import create_model
 from sbcli.run import evalsets

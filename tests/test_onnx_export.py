@@ -22,7 +22,8 @@ from sbcli.engine.loop import Engine, TrainConfig
 from sbcli.errors import ConfigError, ExportError
 from sbcli.export import onnx as onnx_export
 from sbcli.learner.state import Learner
-from sbcli.methods import build_config, inference, list_methods
+from sbcli.methods import METHODS, build_config, inference, list_methods
+from sbcli.methods.rules import RULES
 
 
 def run_onnx(path: Path, images: np.ndarray) -> np.ndarray:
@@ -50,8 +51,8 @@ def default_rule(method: str) -> str:
     return build_config(method, {}).inference
 
 
-# Rules in the weights (the network itself scores) plus every rule with a registered scoring module.
-KNOWN_RULES = sorted({"none", "wa", *inference.SCORING_MODULES})
+# Every registered inference rule (those in the weights and those with a scoring module of their own).
+KNOWN_RULES = sorted(RULES.names())
 
 
 def accepted_rules(method: str) -> list[str]:
@@ -91,8 +92,10 @@ def trained(four_classes, tmp_path_factory: pytest.TempPathFactory):
     def train(method: str, rule: str) -> Path:
         if (method, rule) not in made:
             out = tmp_path_factory.mktemp(f"{method}-{rule}") / "learner"
+            frozen = METHODS.get(method).frozen_backbone  # random weights on purpose: the rule is what is tested
             run = api.RunOptions(method=method, method_options={"inference": rule}, width=0.125,
-                                 train=TrainConfig(epochs=1, batch_size=16), memory=12, device="cpu")
+                                 train=TrainConfig(epochs=1, batch_size=16), memory=12, device="cpu",
+                                 pretrained="random" if frozen else None)
             seq = api.SequenceOptions(source=str(four_classes["train"]), test=str(four_classes["test"]), image_size=SIZE, tasks=2)
             api.train(seq, run, out)
             made[method, rule] = out

@@ -31,6 +31,7 @@ from sbcli.errors import ConfigError
 from sbcli.methods import METHODS
 from sbcli.methods.base import balance_epochs, build_config
 from sbcli.methods.options import split_together, together_fields
+from sbcli.methods.rules import RULES
 
 
 def defaults_for(source: str | None) -> dict:
@@ -174,7 +175,6 @@ def _pretrained_learner(o: dict, given: dict) -> None:
 
 
 LOW_LR_NO_WARMUP = 0.05  # in `sb train`, a default warm-up runs only at --lr 0.05 and above
-NEVER_CLAMP = ("icarl", "bic")  # inference rules whose reference code never clamps the head
 
 
 def _own_data_rules(o: dict, given: dict, own: bool) -> None:
@@ -190,7 +190,7 @@ def _own_data_rules(o: dict, given: dict, own: bool) -> None:
     spec = METHODS.get(o.get("method") or RunOptions.method) if (o.get("method") or RunOptions.method) in METHODS.names() else None
     for name in method_keys() & DEFAULTS.keys() - asked:
         takes = spec is not None and name in _fields(spec.config)
-        if not takes or (name == "wa_clip" and o.get("inference") not in (None, "wa")):
+        if not takes or (name == "wa_clip" and o.get("inference") is not None and not RULES.get(o["inference"]).aligns):
             o[name] = None
     if not own:
         return
@@ -198,14 +198,15 @@ def _own_data_rules(o: dict, given: dict, own: bool) -> None:
     if "warmup_epochs" not in asked and o.get("warmup_epochs") == warmup.resolve("train", kind_of(o.get("source"))):
         lr = float(o.get("lr") or default_value("lr"))
         o["warmup_epochs"] = warmup.train if lr >= LOW_LR_NO_WARMUP else 0.0
-    if o.get("inference") in NEVER_CLAMP and "first_task_rules" not in asked:
+    if o.get("inference") in RULES.names() and not RULES.get(o["inference"]).clamps_first_task \
+            and "first_task_rules" not in asked:
         o["first_task_rules"] = False
 
 
 def _balance_before_wa(method: str, method_options: dict, epochs: int) -> None:
     """An asked --balance-before-wa orders two things the run must have: balancing and weight aligning."""
-    inference = getattr(build_config(method, method_options), "inference", None)
-    if not epochs or inference != "wa":
+    inference = build_config(method, method_options).inference
+    if not epochs or not RULES.get(inference).aligns:
         raise ConfigError("--balance-before-wa orders class-balanced fine-tuning and weight aligning: it needs "
                           "--balance-epochs above 0 and --inference wa; drop it or add them.")
 

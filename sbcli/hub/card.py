@@ -24,14 +24,9 @@ from sbcli import __version__
 from sbcli.data.records import display_name, public_record
 from sbcli.learner.state import LearnerState
 from sbcli.methods import METHODS
+from sbcli.methods.rules import RULES
 from sbcli.metrics import history_summary
 
-INFERENCE_NAMES = {
-    "wa": "weight aligning (folded into the head weights)",
-    "none": "the plain head",
-    "bic": "BiC bias correction (folded into the exported graph)",
-    "nme": "nearest mean of exemplars (class means inside the exported graph)",
-}
 #: The Hub dataset ids of the benchmarks sbcli reads (local class folders have no id).
 HUB_DATASETS = {"cifar10": "uoft-cs/cifar10", "cifar100": "uoft-cs/cifar100", "tiny-imagenet": "zh-plus/tiny-imagenet",
                 "demo": "zalando-datasets/fashion_mnist"}
@@ -162,7 +157,7 @@ def settings_block(state: LearnerState, inference: str) -> str:
     norm = state.normalization
     return "\n".join([
         f"- method: `{state.method}`: {method_title(state.method)}",
-        f"- inference: `{inference}`: {INFERENCE_NAMES.get(inference, inference)}",
+        f"- inference: `{inference}`: {RULES.get(inference).card if inference in RULES.names() else inference}",
         f"- network: {state.arch}, width x{state.width}, input {state.image_size}x{state.image_size} RGB",
         *([f"- pretrained backbone: `{json.dumps(state.provenance['pretrained'])}`"] if "pretrained" in state.provenance else []),
         f"- normalisation: mean {norm['mean']}, std {norm['std']}",

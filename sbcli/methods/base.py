@@ -13,9 +13,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sbcli.errors import ConfigError
+from sbcli.methods.rules import RULES, rules_help
 from sbcli.registry import Registry
 
 if TYPE_CHECKING:  # a method file is read without torch (the CLI builds its options from the Config)
@@ -87,21 +88,44 @@ def first_task_epochs(cfg: Any, epochs: int) -> int:
     return epochs
 
 
-# Inference rules after which no class-balanced fine-tuning runs (``--balance-epochs``): BiC's bias layer
-# is fit on the network as the step leaves it, and balancing after it would undo what the layer measured.
-INFERENCE_HELP = ("Inference rule: wa (weight aligning), bic (a bias layer), icarl (nearest mean of exemplars), none "
-                  "(the plain head), prototype (cosine similarity to class prototypes) or ridge (a ridge-regression head)")
-# Rules after which no balancing runs, each with the sentence that refuses an asked --balance-epochs. SimpleCIL's
-# prototypes are class-balanced already and its backbone never trains after the first step.
-UNBALANCED_RULES = {
-    "bic": ("--balance-epochs does not go with --inference bic (its bias layer already corrects the new classes' "
-            "bias); drop one of them."),
-    "prototype": ("--balance-epochs does not go with --method simplecil (its backbone stays frozen and its "
-                  "prototypes are already class-balanced); drop --balance-epochs."),
-    "ridge": ("--balance-epochs does not go with --method ranpac (its backbone stays frozen and its ridge head is "
-              "already the joint solution over every image seen); drop --balance-epochs."),
-}
-BALANCE_REFUSAL = UNBALANCED_RULES["bic"]
+INFERENCE_HELP = rules_help()
+FIRST_TASK_RULES_HELP = "Step 1 keeps the head bias at zero and clips negative head weights (the authors' code)."
+
+
+def option(default: Any, help_text: str, default_text: str | None = None, together: str | None = None) -> Any:
+    """A Config field that `sb train` offers as ``--NAME``, with its help.
+
+    Args:
+        default: the method's default.
+        help_text: one sentence for the help (its default is stated after it).
+        default_text: what the default means when it stands for something else (None: "--epochs").
+        together: the name of one comma-separated option that gives this field with its neighbours of the
+            same ``together`` (``--phase-epochs A,B,C`` for ``epochs_a``, ``epochs_b``, ``epochs_c``).
+    """
+    return field(default=default, metadata={"help": help_text, "default_text": default_text, "together": together})
+
+
+def inference_option(default: str) -> Any:
+    """The ``inference`` field of a method whose default rule is ``default`` (the first of its ``RULES``)."""
+    return option(default, INFERENCE_HELP)
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    """What every method's Config has: its inference rule (one of ``RULES``, the first the default) and
+    step 1's head rules. A method's Config subclasses it, sets ``RULES`` and, when its default rule is
+    not ``none``, redeclares ``inference`` with :func:`inference_option`; its own ``__post_init__``
+    calls this one first."""
+
+    RULES: ClassVar[tuple[str, ...]] = ("none",)
+    inference: str = inference_option("none")
+    first_task_rules: bool = option(True, FIRST_TASK_RULES_HELP)
+
+    def __post_init__(self) -> None:
+        if self.inference not in self.RULES:
+            unknown = "" if self.inference in RULES.names() else " (no such rule)"
+            offered = " or ".join(f"{name} ({RULES.get(name).summary})" for name in self.RULES)
+            raise ConfigError(f"--inference {self.inference}{unknown} is not one of this method's rules; choose {offered}.")
 
 
 @dataclass(frozen=True)
@@ -122,13 +146,13 @@ class MethodSpec:
 
     def balances(self, cfg: Any) -> bool:
         """Whether class-balanced fine-tuning may follow a later step under ``cfg``'s inference rule."""
-        return getattr(cfg, "inference", None) not in UNBALANCED_RULES
+        return RULES.get(cfg.inference).balance_refusal is None
 
 
 METHODS: Registry[MethodSpec] = Registry("method")
 
 
-def register_method(name: str, config: type, summary: str, inferences: tuple[str, ...] = ("none",),
+def register_method(name: str, config: type, summary: str, inferences: tuple[str, ...] | None = None,
                     plan: Plan = one_phase, title: str | None = None, hub_tag: str | None = None,
                     first_plan: FirstPlan = first_task_epochs, frozen_backbone: bool = False,
                     run_defaults: tuple[tuple[str, Any], ...] = ()) -> Callable:
@@ -136,24 +160,12 @@ def register_method(name: str, config: type, summary: str, inferences: tuple[str
     (and how a model card names it, whether its backbone stays frozen, run settings it defaults)."""
 
     def add(fn: Callable[[TaskContext, Any], TaskResult]) -> Callable[[TaskContext, Any], TaskResult]:
-        METHODS.register(name)(MethodSpec(name, config, fn, summary, inferences, plan, title, hub_tag, first_plan,
+        rules = inferences or getattr(config, "RULES", ("none",))  # a MethodConfig says its rules itself
+        METHODS.register(name)(MethodSpec(name, config, fn, summary, rules, plan, title, hub_tag, first_plan,
                                           frozen_backbone, run_defaults))
         return fn
 
     return add
-
-
-def option(default: Any, help_text: str, default_text: str | None = None, together: str | None = None) -> Any:
-    """A Config field that `sb train` offers as ``--NAME``, with its help.
-
-    Args:
-        default: the method's default.
-        help_text: one sentence for the help (its default is stated after it).
-        default_text: what the default means when it stands for something else (None: "--epochs").
-        together: the name of one comma-separated option that gives this field with its neighbours of the
-            same ``together`` (``--phase-epochs A,B,C`` for ``epochs_a``, ``epochs_b``, ``epochs_c``).
-    """
-    return field(default=default, metadata={"help": help_text, "default_text": default_text, "together": together})
 
 
 def build_config(name: str, options: dict[str, Any]) -> Any:
@@ -184,5 +196,5 @@ def balance_epochs(name: str, options: Any, epochs: int, asked: bool) -> int:
     if not epochs or METHODS.get(name).balances(cfg):
         return epochs
     if asked:
-        raise ConfigError(UNBALANCED_RULES[cfg.inference])
+        raise ConfigError(RULES.get(cfg.inference).balance_refusal)
     return 0

@@ -17,7 +17,6 @@ the head (:func:`fold_correction`), so inference and export use a plain network.
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 
@@ -25,14 +24,14 @@ import torch
 
 from sbcli.data.device import DeviceData
 from sbcli.engine.loop import Phase
-from sbcli.errors import ConfigError, LearnerError
+from sbcli.errors import ConfigError
 from sbcli.methods.base import TaskContext, TaskResult
 from sbcli.methods.common import kd_ce
 from sbcli.methods.losses import ce_loss
+from sbcli.methods.rules.bic import SCALE_KEY, SHIFT_KEY, fold_correction  # noqa: F401  (the rule folds it)
 from sbcli.metrics import top1
-from sbcli.nets.resnet import IncrementalResNet
 
-SCALE_KEY, SHIFT_KEY, STEPS_KEY = "bic.scale", "bic.shift", "bic.steps"
+STEPS_KEY = "bic.steps"
 
 
 @dataclass(frozen=True)
@@ -57,28 +56,6 @@ def correction_state(num_classes: int, num_old: int, alpha: float, beta: float,
     step = torch.tensor([[alpha, beta]])
     steps = step if history is None else torch.cat([history.reshape(-1, 2), step])
     return {SCALE_KEY: scale, SHIFT_KEY: shift, STEPS_KEY: steps}
-
-
-@torch.no_grad()
-def fold_correction(model: IncrementalResNet, extra: dict[str, torch.Tensor]) -> IncrementalResNet:
-    """A copy of ``model`` whose head includes the bias layer: W_k <- s_k W_k, b_k <- s_k b_k + t_k.
-
-    Without a stored correction (the first step) the copy is the model itself.
-
-    Raises:
-        LearnerError: the stored correction does not match the model's classes.
-    """
-    folded = copy.deepcopy(model)
-    if SCALE_KEY not in extra:
-        return folded
-    scale, shift = extra[SCALE_KEY], extra[SHIFT_KEY]
-    if scale.shape != (model.num_classes,) or shift.shape != (model.num_classes,):
-        raise LearnerError(f"The learner's BiC correction covers {scale.numel()} classes but its network has "
-                           f"{model.num_classes}; the learner is corrupt, restore it from a copy.")
-    head = folded.head
-    head.weight.mul_(scale.to(head.weight)[:, None])
-    head.bias.mul_(scale.to(head.bias)).add_(shift.to(head.bias))
-    return folded
 
 
 def fit_bias_layer(logits: torch.Tensor, labels: torch.Tensor, num_old: int, cfg: BiasTraining) -> tuple[float, float]:

@@ -15,10 +15,10 @@ stored in the learner.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sbcli.errors import ConfigError
-from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
 
 if TYPE_CHECKING:
     import torch
@@ -31,10 +31,9 @@ INFERENCES = ("wa", "none")
 
 
 @dataclass(frozen=True)
-class Config:
-    inference: str = option("wa", INFERENCE_HELP)
-    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
-                                          "(the authors' code).")
+class Config(MethodConfig):
+    RULES: ClassVar[tuple[str, ...]] = INFERENCES
+    inference: str = inference_option("wa")
     aux_epochs: int | None = option(None, "Epochs of the temporary new-task network.", default_text="--epochs")
     aux_head_rules: bool = option(False, "Train the temporary network with step 1's head rules (off: plain CE, "
                                          "as DMC).")
@@ -44,8 +43,7 @@ class Config:
                                   "average over steps 1..4 from 43.2 to 48.7 (two seeds).")
 
     def __post_init__(self) -> None:
-        if self.inference not in INFERENCES:
-            raise ConfigError(f"--inference {self.inference} is not available for dd; choose one of {', '.join(INFERENCES)}.")
+        super().__post_init__()
         if self.wa_clip and self.inference != "wa":
             raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
 

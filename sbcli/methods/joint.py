@@ -17,18 +17,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from sbcli.errors import ConfigError
-from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, register_method
 
 
 @dataclass(frozen=True)
-class Config:
-    inference: str = option("none", INFERENCE_HELP)
-    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
-                                          "(the authors' code).")
-
-    def __post_init__(self) -> None:
-        if self.inference != "none":
-            raise ConfigError("--inference for joint is 'none'.")
+class Config(MethodConfig):
+    """The plain head alone."""
 
 
 @register_method("joint", Config, "oracle: retrain from scratch on every class seen (upper bound)")

@@ -26,17 +26,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError, LearnerError
-from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
+from sbcli.methods.rules.ridge import HEAD_KEY, PROJECTION_KEY
 from sbcli.methods.simplecil import ADAPT_HELP, adapt, adapt_epochs
 
 if TYPE_CHECKING:  # torch only inside the functions: the CLI reads this Config without it
     import torch
 
 INFERENCE = "ridge"
-PROJECTION, GRAM, TARGETS, HEAD = "ranpac.projection", "ranpac.gram", "ranpac.targets", "ranpac.head"
+PROJECTION, HEAD = PROJECTION_KEY, HEAD_KEY  # the rule scores with these
+GRAM, TARGETS = "ranpac.gram", "ranpac.targets"
 RIDGE_GRID = tuple(10.0**k for k in range(-8, 15))  # RanPAC's candidates
 HELD_BACK = 0.2  # of each step's new images, to choose lambda and the temperature
 TEMPERATURES = tuple(2.0**k for k in range(-5, 6))  # a handful of held-back images cannot justify sharper
@@ -44,20 +46,17 @@ MAX_PROJECTION = 20_000  # G alone is M * M * 8 bytes: 3.2 GB at 20,000
 
 
 @dataclass(frozen=True)
-class Config:
-    inference: str = option(INFERENCE, INFERENCE_HELP)
+class Config(MethodConfig):
+    RULES: ClassVar[tuple[str, ...]] = (INFERENCE,)
+    inference: str = inference_option(INFERENCE)
     projection: int = option(2000, "Size of the random projection before the ridge head (0: none, the backbone's "
                                    "features themselves; its Gram matrix takes M x M x 8 bytes).", default_text="2000")
     ridge: float | None = option(None, "The ridge strength lambda (default: chosen at every step on a held-back "
                                        "fifth of the new images).", default_text="chosen")
     adapt_epochs: int = option(0, ADAPT_HELP, default_text="0")
-    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
-                                          "(the authors' code).")
 
     def __post_init__(self) -> None:
-        if self.inference != INFERENCE:
-            raise ConfigError(f"--method ranpac scores with its ridge head; drop --inference {self.inference} "
-                              f"(its only rule is {INFERENCE}).")
+        super().__post_init__()
         if not isinstance(self.projection, int) or not 0 <= self.projection <= MAX_PROJECTION:
             raise ConfigError(f"--projection {self.projection} is outside 0..{MAX_PROJECTION}; give e.g. 2000 "
                               "(0: no projection).")
@@ -217,7 +216,7 @@ def _no_training(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
 
 
 @register_method("ranpac", Config, "a ridge-regression head on randomly projected frozen features (no training, "
-                 "no exemplars, exact over steps)", (INFERENCE,), plan=_no_training, first_plan=adapt_epochs,
+                 "no exemplars, exact over steps)", plan=_no_training, first_plan=adapt_epochs,
                  frozen_backbone=True, run_defaults=(("memory", 0),),
                  title="RanPAC: a ridge head on random projections of a frozen backbone (McDonnell et al., NeurIPS 2023)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:

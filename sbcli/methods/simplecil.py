@@ -21,33 +21,30 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError, LearnerError
-from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
+from sbcli.methods.rules.prototype import PROTOTYPES_KEY  # the rule scores with what is kept under it
 
 if TYPE_CHECKING:  # torch only inside the functions: the CLI reads this Config without it
     import torch
 
     from sbcli.engine.loop import Engine
 
-PROTOTYPES_KEY = "simplecil.prototypes"  # read by the ``prototype`` scoring module
 INFERENCE = "prototype"
 ADAPT_HELP = "Fine-tune the backbone with CE on the first task for N epochs (APER), then freeze it (0: frozen as built or loaded)."
 
 
 @dataclass(frozen=True)
-class Config:
-    inference: str = option(INFERENCE, INFERENCE_HELP)
+class Config(MethodConfig):
+    RULES: ClassVar[tuple[str, ...]] = (INFERENCE,)
+    inference: str = inference_option(INFERENCE)
     adapt_epochs: int = option(0, ADAPT_HELP, default_text="0")
     prototype_flips: bool = option(False, "Class prototypes also over the horizontally flipped training images.")
-    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
-                                          "(the authors' code).")
 
     def __post_init__(self) -> None:
-        if self.inference != INFERENCE:
-            raise ConfigError(f"--method simplecil scores by cosine similarity to class prototypes; drop --inference "
-                              f"{self.inference} (its only rule is {INFERENCE}).")
+        super().__post_init__()
         if not isinstance(self.adapt_epochs, int) or self.adapt_epochs < 0:
             raise ConfigError(f"--adapt-epochs {self.adapt_epochs} is not a count of epochs; give 0 (a frozen "
                               "backbone) or more.")
@@ -124,7 +121,7 @@ def adapt_epochs(cfg: Config, epochs: int) -> int:
 
 
 @register_method("simplecil", Config, "prototypes on a frozen backbone, cosine scores (no training, no exemplars)",
-                 (INFERENCE,), plan=_no_training, first_plan=adapt_epochs, frozen_backbone=True,
+                 plan=_no_training, first_plan=adapt_epochs, frozen_backbone=True,
                  run_defaults=(("memory", 0),), title="SimpleCIL: class prototypes on a frozen backbone (Zhou et al., IJCV 2024)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     import torch

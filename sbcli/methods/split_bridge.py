@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError
-from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,8 @@ DEFAULT_GAMMA = {"code": 1.0, "paper": 0.0115}
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(MethodConfig):
+    RULES: ClassVar[tuple[str, ...]] = INFERENCES
     rho: float = option(1.0, "Split ratio factor (the paper: 1.0 to 1.4).")
     sparsity: str = option("code", "Sparsity penalty of phase A: 'code' (the authors' group lasso, which produced "
                                    "the published numbers) or 'paper'.")
@@ -46,19 +47,16 @@ class Config:
                                   together="phase_epochs")
     epochs_b: int | None = option(None, "", together="phase_epochs")
     epochs_c: int | None = option(None, "", together="phase_epochs")
-    inference: str = option("wa", INFERENCE_HELP)
-    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
-                                          "(the authors' code).")
+    inference: str = inference_option("wa")
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.sparsity not in SPARSITY_FORMS:
             raise ConfigError(f"--sparsity {self.sparsity} is unknown; choose 'code' or 'paper'.")
         if self.gamma is None:  # resolved here, so that the learner records the number used
             object.__setattr__(self, "gamma", DEFAULT_GAMMA[self.sparsity])
         if self.rho <= 0:
             raise ConfigError("--rho must be positive (the paper uses 1.0 to 1.4).")
-        if self.inference not in INFERENCES:
-            raise ConfigError("--inference for sb is 'wa' or 'none'.")
 
 
 def penalty_of(form: str) -> Penalty:

@@ -9,10 +9,11 @@ after each step), ``bic`` (a bias layer fit on held-out data, :mod:`sbcli.method
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError
-from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
+from sbcli.methods.rules import RULES
 
 if TYPE_CHECKING:
     import torch
@@ -23,10 +24,9 @@ INFERENCES = ("wa", "none", "bic", "icarl")
 
 
 @dataclass(frozen=True)
-class Config:
-    inference: str = option("wa", INFERENCE_HELP)
-    first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero and clips negative head weights "
-                                          "(the authors' code).")
+class Config(MethodConfig):
+    RULES: ClassVar[tuple[str, ...]] = INFERENCES
+    inference: str = inference_option("wa")
     bic_val_fraction: float = option(0.1, "With --inference bic: share of each class's exemplar quota held out to fit "
                                           "the bias layer.")
     wa_clip: bool = option(False, "With --inference wa: clip negative head weights in every step, as WA's authors "
@@ -37,8 +37,7 @@ class Config:
                                    "(on: iCaRL's code; off: PyCIL).")
 
     def __post_init__(self) -> None:
-        if self.inference not in INFERENCES:
-            raise ConfigError(f"--inference {self.inference} is not available for std; choose one of {', '.join(INFERENCES)}.")
+        super().__post_init__()
         if self.wa_clip and self.inference != "wa":
             raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
 
@@ -57,7 +56,7 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.methods.common import learn_first_task
 
     if ctx.step == 0:
-        if cfg.inference in ("bic", "icarl") and ctx.memory_budget < ctx.num_total:
+        if RULES.get(cfg.inference).needs_memory and ctx.memory_budget < ctx.num_total:
             raise ConfigError(f"--inference {cfg.inference} needs exemplars of every class; give --memory of at least "
                               "a few images per class.")
         return learn_first_task(ctx, cfg.first_task_rules)

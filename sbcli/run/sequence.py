@@ -37,12 +37,11 @@ from sbcli.engine.loop import Engine
 from sbcli.engine.progress import ProgressLike, progress_of
 from sbcli.errors import ConfigError, LearnerError
 from sbcli.hub.pretrained import RANDOM
-from sbcli.learner import preflight
+from sbcli.learner import preflight, validate
 from sbcli.learner.state import Learner, LearnerState
 from sbcli.learner.store import legacy
 from sbcli.learner.store.lock import writer_lock
 from sbcli.learner.store.outputs import check_output_dir
-from sbcli.learner import validate
 from sbcli.learner.validate import MAX_WIDTH
 from sbcli.methods import METHODS, build_config
 from sbcli.methods.memory import ExemplarMemory

@@ -20,6 +20,7 @@ from sbcli.methods.balance import balanced_finetune
 from sbcli.methods.base import balance_epochs
 from sbcli.methods.common import frozen_copy, weight_align
 from sbcli.methods.inference import outside_network, refresh_state, scores
+from sbcli.methods.rules import RULES
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
 
@@ -81,7 +82,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     cfg = state.method_config
     engine = engine.for_step(step + 1, validator)
     balance = _balance_epochs(learner, step)
-    align_last = balance > 0 and cfg.inference == "wa" and state.train_config.balance_before_wa
+    align_last = balance > 0 and RULES.get(cfg.inference).aligns and state.train_config.balance_before_wa
     ctx = TaskContext(step=step, model=learner.model, teacher=teacher, data=data, num_old=num_old,
                       num_total=state.num_classes, engine=engine, epochs=state.train_config.epochs,
                       evaluate=lambda: evaluate_learner(learner, engine, test),
@@ -125,7 +126,7 @@ def _balance(learner: Learner, engine: Engine, epochs: int, inference: str, resu
     engine = engine.for_step(engine.task)  # the held-out images picked the method's epochs; this phase keeps its last
     result.record["before_balance"] = evaluate_learner(learner, engine, test).to_json()
     report = balanced_finetune(learner.model, learner.memory.tensors(), engine, epochs, tc.balance_lr,
-                               hold_bias_at_zero=inference == "wa")
+                               hold_bias_at_zero=RULES.get(inference).aligns)
     if report is not None:
         result.phases.append(report)
     return report is not None

@@ -20,7 +20,6 @@ from sbcli.serve.model import Classifier, LearnerOpener, open_classifier
 from sbcli.serve.preprocess import IMAGE_EXTENSIONS, Preprocess
 
 
-
 @dataclass(frozen=True)
 class Prediction:
     """The top labels of one image, best first."""

@@ -22,6 +22,9 @@ from sbcli.serve.model import OnnxClassifier, is_learner, is_onnx, open_onnx
 
 logger = logging.getLogger(__name__)
 Signature = tuple[int, int, int] | None
+# The modules a caller may name as the exporter: serve's only import by name (a name, so that each
+# --workers process finds it again; tests/test_layout.py checks that the CLI may import each).
+EXPORTERS = ("sbcli.export.serving",)
 
 
 def triton_versions(folder: Path) -> dict[int, Path]:
@@ -62,13 +65,15 @@ class LearnerExporter(Protocol):
 
 
 def exporter_of(spec: str | None, source: Path) -> LearnerExporter:
-    """The exporter module named ``spec`` (``sbcli.export.serving`` from the CLI), for the learner at ``source``.
+    """The exporter module named ``spec`` (one of :data:`EXPORTERS`), for the learner at ``source``.
 
     Raises:
-        ConfigError: no exporter was named.
+        ConfigError: no exporter was named, or one that is not in :data:`EXPORTERS`.
     """
     if spec is None:
         raise ConfigError(f"{source} is a learner directory; export it with `sb export` and serve the .onnx file.")
+    if spec not in EXPORTERS:
+        raise ConfigError(f"{spec} is not an exporter sbcli serves a learner with; name one of {', '.join(EXPORTERS)}.")
     return importlib.import_module(spec)
 
 

@@ -1,10 +1,8 @@
 """Learner tensor files checked at load: safetensors read without trust, then the tensors themselves.
 
-Split from :mod:`sbcli.learner.validate` (which re-exports every name here), so that each file has one job:
-
-* :func:`read_safetensors` (:func:`parse_safetensors` for bytes already read): a safetensors file read without trusting it: the header length is
-  bounded, every offset lies inside the file and the tensors tile the data exactly, dtypes come
-  from a whitelist. Nothing is allocated beyond the file's own size.
+* :func:`read_safetensors` (:func:`parse_safetensors` for bytes already read): a safetensors file
+  read without trusting it: the header length is bounded, every offset lies inside the file and the
+  tensors tile the data exactly, dtypes come from a whitelist. Nothing is allocated beyond the file's own size.
 * :func:`check_model_tensors`: the weights the learner's network has (names, shapes, float32 with
   int64 BatchNorm counters), all finite; compared against the network built on the ``meta``
   device, so that nothing is allocated before the file is known to fit.
@@ -25,6 +23,7 @@ from typing import Any
 import torch
 
 from sbcli.errors import LearnerError
+from sbcli.learner.validate.fields import damaged, found
 
 MAX_HEADER_BYTES = 16 << 20  # a safetensors header of a learner is a few KiB
 MAX_DIMS = 8
@@ -34,21 +33,7 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-RESTORE = "restore the learner from a copy or pull it again"
 EXTRA_PREFIX = "extra."
-
-
-def _damaged(where: Path | str, problem: str) -> LearnerError:
-    return LearnerError(f"{where} is damaged: {problem}; {RESTORE}.")
-
-
-
-def _found(value: Any) -> str:
-    kind = {bool: "true/false", str: "a string", list: "a list", dict: "an object", type(None): "null"}.get(type(value))
-    text = json.dumps(value, allow_nan=True) if not isinstance(value, (list, dict)) else ""
-    if len(text) > 40:
-        text = text[:37] + "..."
-    return f"{kind} {text}".strip() if kind else text
 
 
 # -- safetensors ------------------------------------------------------------------------------
@@ -71,7 +56,7 @@ def read_safetensors(path: Path) -> dict[str, torch.Tensor]:
     except OSError as err:
         raise LearnerError(f"Could not read {path} ({err.strerror or err}); check its permissions.") from err
     if len(raw) != size:
-        raise _damaged(path, "it changed while it was being read")
+        raise damaged(path, "it changed while it was being read")
     return parse_safetensors(raw, path)
 
 
@@ -96,16 +81,16 @@ def parse_safetensors(raw: bytes | bytearray, path: Path | str) -> dict[str, tor
 
 def _parse_header(raw: memoryview, size: int, path: Path | str) -> tuple[dict, int]:
     if size < 8:
-        raise _damaged(path, f"it is {size} bytes long, too short for a safetensors file")
+        raise damaged(path, f"it is {size} bytes long, too short for a safetensors file")
     (length,) = struct.unpack("<Q", raw[:8])
     if length > MAX_HEADER_BYTES or 8 + length > size:
-        raise _damaged(path, f"its header claims {length} bytes but the file has {size} (truncated or not safetensors)")
+        raise damaged(path, f"its header claims {length} bytes but the file has {size} (truncated or not safetensors)")
     try:
         header = json.loads(bytes(raw[8 : 8 + length]).decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise _damaged(path, "its header is not valid JSON (truncated or not safetensors)") from err
+        raise damaged(path, "its header is not valid JSON (truncated or not safetensors)") from err
     if not isinstance(header, dict):
-        raise _damaged(path, "its header is not a JSON object")
+        raise damaged(path, "its header is not a JSON object")
     return header, 8 + length
 
 
@@ -115,35 +100,35 @@ def _entries(header: dict, data_len: int, path: Path) -> dict[str, tuple[torch.d
     for name, info in header.items():
         if name == "__metadata__":
             if not isinstance(info, dict) or not all(isinstance(v, str) for v in info.values()):
-                raise _damaged(path, "its __metadata__ is not a map of strings")
+                raise damaged(path, "its __metadata__ is not a map of strings")
             continue
         entries[name] = _entry(name, info, path)
     spans = sorted((begin, end, name) for name, (_, _, begin, end) in entries.items())
     position = 0
     for begin, end, name in spans:
         if begin != position:
-            raise _damaged(path, f"the bytes of {name!r} start at {begin}, expected {position} (overlap or hole)")
+            raise damaged(path, f"the bytes of {name!r} start at {begin}, expected {position} (overlap or hole)")
         position = end
     if position != data_len:
-        raise _damaged(path, f"its tensors cover {position} bytes of the {data_len} the file holds")
+        raise damaged(path, f"its tensors cover {position} bytes of the {data_len} the file holds")
     return entries
 
 
 def _entry(name: str, info: object, path: Path) -> tuple[torch.dtype, list[int], int, int]:
     if not isinstance(info, dict) or set(info) != {"dtype", "shape", "data_offsets"}:
-        raise _damaged(path, f"the header entry of {name!r} is not dtype, shape and data_offsets")
+        raise damaged(path, f"the header entry of {name!r} is not dtype, shape and data_offsets")
     dtype = SAFETENSORS_DTYPES.get(info["dtype"]) if isinstance(info["dtype"], str) else None
     if dtype is None:
-        raise _damaged(path, f"{name!r} has the unknown dtype {_found(info['dtype'])}")
+        raise damaged(path, f"{name!r} has the unknown dtype {found(info['dtype'])}")
     shape, offsets = info["shape"], info["data_offsets"]
     if not isinstance(shape, list) or len(shape) > MAX_DIMS or not all(_whole(d) for d in shape):
-        raise _damaged(path, f"{name!r} has the malformed shape {_found(shape)}")
+        raise damaged(path, f"{name!r} has the malformed shape {found(shape)}")
     if not isinstance(offsets, list) or len(offsets) != 2 or not all(_whole(o) for o in offsets) \
             or offsets[0] > offsets[1]:
-        raise _damaged(path, f"{name!r} has the malformed data_offsets {_found(offsets)}")
+        raise damaged(path, f"{name!r} has the malformed data_offsets {found(offsets)}")
     numel = math.prod(shape)
     if numel * dtype.itemsize != offsets[1] - offsets[0]:
-        raise _damaged(path, f"{name!r} is {shape} of {info['dtype']} but spans {offsets[1] - offsets[0]} bytes")
+        raise damaged(path, f"{name!r} is {shape} of {info['dtype']} but spans {offsets[1] - offsets[0]} bytes")
     return dtype, shape, offsets[0], offsets[1]
 
 
@@ -171,16 +156,16 @@ def check_model_tensors(tensors: dict[str, torch.Tensor], state: Any, where: Pat
     missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     if missing or unexpected:
         what = f"the weight {missing[0]} is missing" if missing else f"it has the unknown weight {unexpected[0]}"
-        raise _damaged(where, f"{what} for a {state.arch} of width {state.width} with {state.num_classes} classes")
+        raise damaged(where, f"{what} for a {state.arch} of width {state.width} with {state.num_classes} classes")
     for name, want in expected.items():
         got = weights[name]
         if got.dtype != want.dtype:
-            raise _damaged(where, f"{name} is stored as {_dtype(got.dtype)}, not {_dtype(want.dtype)}")
+            raise damaged(where, f"{name} is stored as {_dtype(got.dtype)}, not {_dtype(want.dtype)}")
         if tuple(got.shape) != tuple(want.shape):
-            raise _damaged(where, f"{name} has shape {list(got.shape)}, the network needs {list(want.shape)}")
+            raise damaged(where, f"{name} has shape {list(got.shape)}, the network needs {list(want.shape)}")
     for name, value in tensors.items():
         if name.startswith(EXTRA_PREFIX) and value.dtype not in (torch.float32, torch.float64, torch.int64):
-            raise _damaged(where, f"{name} is stored as {_dtype(value.dtype)}, not float32, float64 or int64")
+            raise damaged(where, f"{name} is stored as {_dtype(value.dtype)}, not float32, float64 or int64")
         _check_finite(name, value, where)
 
 
@@ -190,7 +175,7 @@ def _dtype(dtype: torch.dtype) -> str:
 
 def _check_finite(name: str, value: torch.Tensor, where: Path | str) -> None:
     if value.is_floating_point() and not bool(torch.isfinite(value).all()):
-        raise _damaged(where, f"{name} holds NaN or infinite values")
+        raise damaged(where, f"{name} holds NaN or infinite values")
 
 
 def check_memory_tensors(tensors: dict[str, torch.Tensor], state: Any, where: Path | str) -> None:
@@ -202,19 +187,19 @@ def check_memory_tensors(tensors: dict[str, torch.Tensor], state: Any, where: Pa
     """
     if set(tensors) != {"images", "labels"}:
         names = ", ".join(sorted(tensors)) or "nothing"
-        raise _damaged(where, f"it must hold images and labels, it holds {names}")
+        raise damaged(where, f"it must hold images and labels, it holds {names}")
     images, labels = tensors["images"], tensors["labels"]
     if images.dtype != torch.uint8:
-        raise _damaged(where, f"the exemplar images are {_dtype(images.dtype)}, not uint8")
+        raise damaged(where, f"the exemplar images are {_dtype(images.dtype)}, not uint8")
     if labels.dtype != torch.int64:
-        raise _damaged(where, f"the exemplar labels are {_dtype(labels.dtype)}, not int64")
+        raise damaged(where, f"the exemplar labels are {_dtype(labels.dtype)}, not int64")
     count, size = labels.shape[0] if labels.dim() == 1 else -1, state.image_size
     if labels.dim() != 1 or images.dim() != 4 or images.shape[0] != count or images.shape[1] != 3:
-        raise _damaged(where, f"images {list(images.shape)} and labels {list(labels.shape)} are not [M, 3, H, W] and [M]")
+        raise damaged(where, f"images {list(images.shape)} and labels {list(labels.shape)} are not [M, 3, H, W] and [M]")
     if count and tuple(images.shape[2:]) != (size, size):
-        raise _damaged(where, f"the exemplar images are {images.shape[2]}x{images.shape[3]}, the learner's are {size}x{size}")
+        raise damaged(where, f"the exemplar images are {images.shape[2]}x{images.shape[3]}, the learner's are {size}x{size}")
     budget = state.memory.get("budget", 0)
     if count > budget:
-        raise _damaged(where, f"it holds {count} exemplars, more than the learner's budget of {budget}")
+        raise damaged(where, f"it holds {count} exemplars, more than the learner's budget of {budget}")
     if count and (int(labels.min()) < 0 or int(labels.max()) >= state.num_classes):
-        raise _damaged(where, f"an exemplar label lies outside 0..{state.num_classes - 1}")
+        raise damaged(where, f"an exemplar label lies outside 0..{state.num_classes - 1}")

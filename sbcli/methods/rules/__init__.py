@@ -1,0 +1,18 @@
+"""Inference rules, one file each, registered by name (:mod:`sbcli.methods.rules.rule` says what a rule is).
+
+Imported explicitly so the registry is complete; torch-free at import.
+"""
+
+from sbcli.methods.rules import bic, icarl, nme, none, prototype, ridge, wa  # noqa: F401  (registration)
+from sbcli.methods.rules.rule import RULES, InferenceRule, register_rule
+from sbcli.methods.rules.rule import rules_help as _rules_help
+
+ORDER = ("wa", "none", "bic", "icarl", "nme", "prototype", "ridge")  # how the help lists them
+
+
+def rules_help() -> str:
+    """The ``--inference`` help, the rules in :data:`ORDER`."""
+    return _rules_help(ORDER)
+
+
+__all__ = ["RULES", "InferenceRule", "register_rule", "rules_help"]

@@ -1,0 +1,18 @@
+"""``icarl``: STD's training with iCaRL's loss, scored by the nearest mean of exemplars; the class means are
+rebuilt from the exemplars after every memory update (:func:`sbcli.methods.nme.refresh_means`)."""
+
+from typing import Any
+
+from sbcli.methods.rules.nme import scoring
+from sbcli.methods.rules.rule import InferenceRule, register_rule
+
+
+def refresh(*args: Any) -> dict:
+    from sbcli.methods.nme import refresh_means
+
+    return refresh_means(*args)
+
+
+RULE = register_rule(InferenceRule(
+    "icarl", "nearest mean of exemplars", "iCaRL's nearest mean of exemplars (class means inside the exported graph)",
+    clamps_first_task=False, needs_memory=True, scoring=scoring, refresh=refresh))

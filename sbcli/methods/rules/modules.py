@@ -1,0 +1,120 @@
+"""The scoring modules of the rules that score with more than the network's logits (torch; the rule files
+import this module inside their builders only).
+
+Each is one ``nn.Module`` from normalised images to scores over every seen class, built from the
+network and the learner's extra tensors: that single module serves ``sb evaluate``, ``sb predict``
+and the ONNX export (where it becomes part of the graph).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sbcli.errors import ExportError
+from sbcli.nets.resnet import IncrementalResNet
+
+
+class NearestMeanScores(nn.Module):
+    """iCaRL's nearest-mean-of-exemplars rule: scores = -||f / ||f|| - mu_c||^2 for each class c."""
+
+    def __init__(self, model: IncrementalResNet, class_means: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("means", class_means.detach().float().to(next(model.parameters()).device))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = nn.functional.normalize(self.model.forward_features(x).float(), dim=1)
+        # ||f - mu||^2 expanded into matrix products: no [B, C, D] intermediate, exports to plain MatMul
+        sq = (f * f).sum(1, keepdim=True) - 2.0 * f @ self.means.t() + (self.means * self.means).sum(1)[None]
+        return -sq
+
+
+def nearest_mean_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], key: str) -> nn.Module:
+    """Scores of the ``nme`` rule from the class means the method stored in ``extra``."""
+    means = stored_per_class(model, extra, key, "class means", "retrain its last step",
+                             "uses nearest-mean inference", "re-run its last step with a method that stores class means")
+    return NearestMeanScores(model, means)
+
+
+def stored_per_class(model: IncrementalResNet, extra: dict[str, torch.Tensor], key: str, what: str, fix: str,
+                     rule: str, missing_fix: str) -> torch.Tensor:
+    """The [classes, features] tensor ``key`` a scoring rule reads from the learner's state.
+
+    Raises:
+        ExportError: it is missing, or its shape does not match the network.
+    """
+    value = extra.get(key)
+    if value is None:
+        raise ExportError(f"The learner {rule} but holds no '{key}' tensor; {missing_fix}.")
+    if value.shape != (model.num_classes, model.num_features):
+        raise ExportError(f"The stored {what} have shape {tuple(value.shape)}, not "
+                          f"({model.num_classes}, {model.num_features}); the learner is inconsistent, {fix}.")
+    return value
+
+
+class PrototypeScores(nn.Module):
+    """SimpleCIL's rule: cosine similarity of the features to every class prototype, as one linear layer.
+
+    The layer's weight is the normalised prototypes [C, D] (no bias); its input the normalised
+    pooled features, so the ONNX graph is the backbone, a normalisation and one MatMul.
+    """
+
+    def __init__(self, model: IncrementalResNet, prototypes: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        weight = nn.functional.normalize(prototypes.detach().float(), dim=1)
+        self.head = nn.Linear(weight.shape[1], weight.shape[0], bias=False).to(next(model.parameters()).device)
+        with torch.no_grad():
+            self.head.weight.copy_(weight)
+        self.head.weight.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(nn.functional.normalize(self.model.forward_features(x).float(), dim=1))
+
+
+def prototype_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], key: str) -> nn.Module:
+    """Scores of the ``prototype`` rule (``--method simplecil``) from the prototypes in ``extra``."""
+    protos = stored_per_class(model, extra, key, "class prototypes", "pull or copy it again",
+                              "scores by class prototypes", "it is damaged: pull or copy it again")
+    return PrototypeScores(model, protos)
+
+
+class RidgeScores(nn.Module):
+    """RanPAC's rule: the ridge head on the ReLU of randomly projected features (``--method ranpac``).
+
+    As a graph: the backbone, one MatMul and a ReLU (without a projection, neither), one MatMul.
+    """
+
+    def __init__(self, model: IncrementalResNet, projection: torch.Tensor | None, head: torch.Tensor) -> None:
+        super().__init__()
+        self.model = model
+        device = next(model.parameters()).device
+        self.register_buffer("projection", None if projection is None else projection.detach().float().to(device))
+        self.head = nn.Linear(head.shape[1], head.shape[0], bias=False).to(device)
+        with torch.no_grad():
+            self.head.weight.copy_(head.detach().float())
+        self.head.weight.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.model.forward_features(x).float()
+        if self.projection is not None:
+            h = torch.relu(h @ self.projection)
+        return self.head(h)
+
+
+def ridge_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], head_key: str,
+                 projection_key: str) -> nn.Module:
+    """Scores of the ``ridge`` rule from the head (and projection) the method stored in ``extra``.
+
+    Raises:
+        ExportError: the head is missing or does not fit the network and the projection.
+    """
+    head, projection = extra.get(head_key), extra.get(projection_key)
+    width = model.num_features if projection is None else projection.shape[1]
+    if head is None:
+        raise ExportError("The learner scores with a ridge head but holds none; it is damaged: pull or copy it again.")
+    if head.shape != (model.num_classes, width) or (projection is not None and projection.shape[0] != model.num_features):
+        raise ExportError(f"The stored ridge head has shape {tuple(head.shape)}, not ({model.num_classes}, {width}); "
+                          "the learner is inconsistent, pull or copy it again.")
+    return RidgeScores(model, projection, head)

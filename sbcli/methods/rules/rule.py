@@ -1,0 +1,65 @@
+"""What an inference rule is: how a learner turns its network into scores over every class seen.
+
+Rules are a second axis beside methods (a method says which rules it takes, ``Config.RULES``). Each
+rule is one file of this package that registers one :class:`InferenceRule`: its help, the text a
+model card gives it, whether class-balanced fine-tuning may follow it, whether the first task's head
+rules are on by default under it, and how it scores (a builder of one scoring module, or the
+network's own logits). The files import torch only inside their builders, so that the command line
+reads the rules (``--inference`` and its help) without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from sbcli.registry import Registry
+
+ScoringBuilder = Callable[[Any, dict], Any]  # (network, the learner's extra tensors) -> nn.Module: images -> scores
+StateRefresh = Callable[..., dict]  # (network, exemplar images, labels, feature fn, method Config) -> extra tensors
+
+
+@dataclass(frozen=True)
+class InferenceRule:
+    """One inference rule.
+
+    Attributes:
+        name: what ``--inference`` takes.
+        summary: a few words for the option's help ("weight aligning").
+        card: what a model card says the exported model computes.
+        aligns: a step under this rule ends by weight aligning the head (``--wa-clip`` and
+            ``--balance-before-wa`` go with it alone).
+        balance_refusal: why class-balanced fine-tuning may not follow a step under this rule (None: it may).
+        clamps_first_task: under own-data defaults, step 1's head rules are on (False where the rule's
+            reference code never clamps the head: iCaRL, BiC).
+        needs_memory: the rule is fitted on exemplars of every class (a memory below one per class is refused).
+        scoring: the builder of its scoring module; None: the network's logits are the scores.
+        refresh: its state rebuilt after every memory update (None: it keeps none that depends on the memory).
+    """
+
+    name: str
+    summary: str
+    card: str
+    aligns: bool = False
+    balance_refusal: str | None = None
+    clamps_first_task: bool = True
+    needs_memory: bool = False
+    scoring: ScoringBuilder | None = None
+    refresh: StateRefresh | None = None
+    offered: bool = True  # named in --inference's help (False: a rule no method offers on its own, kept for its scoring)
+
+
+RULES: Registry[InferenceRule] = Registry("inference rule")
+
+
+def register_rule(rule: InferenceRule) -> InferenceRule:
+    """Add ``rule`` under its name (a name registered twice is an error)."""
+    RULES.register(rule.name)(rule)
+    return rule
+
+
+def rules_help(order: tuple[str, ...]) -> str:
+    """The ``--inference`` help: every offered rule with its summary, in ``order``."""
+    rules = [RULES.get(name) for name in order]
+    return "Inference rule: " + ", ".join(f"{r.name} ({r.summary})" for r in rules if r.offered)
