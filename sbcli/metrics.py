@@ -12,16 +12,26 @@ import numpy as np
 import torch
 
 
+def top1_counts(scores: torch.Tensor, labels: torch.Tensor) -> tuple[int, int]:
+    """(images whose top-1 is right, images)."""
+    return int((scores.argmax(1) == labels).sum()), len(labels)
+
+
+def percent(correct: int, total: int) -> float:
+    """``correct`` of ``total`` in %, from the counts (190 of 1,000 is 19.0, not a float32 mean's 18.99999976...);
+    NaN for no samples."""
+    return 100.0 * correct / total if total else float("nan")
+
+
 def top1(scores: torch.Tensor, labels: torch.Tensor) -> float:
     """Top-1 accuracy in %, NaN for no samples."""
-    if len(labels) == 0:
-        return float("nan")
-    return float((scores.argmax(1) == labels).float().mean()) * 100.0
+    return percent(*top1_counts(scores, labels))
 
 
 @dataclass(frozen=True)
 class StepMetrics:
-    """Accuracy after one step: overall, per task, old/new and intra-old/intra-new (in %)."""
+    """Accuracy after one step: overall, per task, old/new and intra-old/intra-new (in %), and the counts
+    (right, images) each was computed from."""
 
     overall: float
     per_task: list[float]
@@ -29,10 +39,12 @@ class StepMetrics:
     new: float
     intra_old: float
     intra_new: float
+    counts: dict | None = None  # name -> [right, images]; "per_task": one pair per task
 
     def to_json(self) -> dict:
-        return {"overall": self.overall, "per_task": self.per_task, "old": self.old, "new": self.new,
-                "intra_old": self.intra_old, "intra_new": self.intra_new}
+        out = {"overall": self.overall, "per_task": self.per_task, "old": self.old, "new": self.new,
+               "intra_old": self.intra_old, "intra_new": self.intra_new}
+        return out if self.counts is None else {**out, "counts": self.counts}
 
 
 def step_metrics(scores: torch.Tensor, labels: torch.Tensor, task_of_class: list[int]) -> StepMetrics:
@@ -44,15 +56,23 @@ def step_metrics(scores: torch.Tensor, labels: torch.Tensor, task_of_class: list
     task_of = torch.tensor(task_of_class)[labels]
     current = max(task_of_class)
     num_old = sum(1 for t in task_of_class if t < current)
-    per_task = [top1(scores[task_of == t], labels[task_of == t]) for t in range(current + 1)]
     is_old = task_of < current
+    counts = {
+        "overall": top1_counts(scores, labels),
+        "per_task": [top1_counts(scores[task_of == t], labels[task_of == t]) for t in range(current + 1)],
+        "old": top1_counts(scores[is_old], labels[is_old]),
+        "new": top1_counts(scores[~is_old], labels[~is_old]),
+        "intra_old": top1_counts(scores[is_old, :num_old], labels[is_old]) if num_old else (0, 0),
+        "intra_new": top1_counts(scores[~is_old, num_old:], labels[~is_old] - num_old),
+    }
     return StepMetrics(
-        overall=top1(scores, labels),
-        per_task=per_task,
-        old=top1(scores[is_old], labels[is_old]),
-        new=top1(scores[~is_old], labels[~is_old]),
-        intra_old=top1(scores[is_old, :num_old], labels[is_old]) if num_old else float("nan"),
-        intra_new=top1(scores[~is_old, num_old:], labels[~is_old] - num_old),
+        overall=percent(*counts["overall"]),
+        per_task=[percent(*c) for c in counts["per_task"]],
+        old=percent(*counts["old"]),
+        new=percent(*counts["new"]),
+        intra_old=percent(*counts["intra_old"]),
+        intra_new=percent(*counts["intra_new"]),
+        counts={k: [list(c) for c in v] if k == "per_task" else list(v) for k, v in counts.items()},
     )
 
 

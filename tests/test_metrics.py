@@ -35,3 +35,18 @@ def test_strict_json_turns_missing_values_into_null():
 
     data = {"a": [1.0, float("nan"), float("inf")], "b": "x", "c": (2, {"d": float("-inf")})}
     assert strict(data) == {"a": [1.0, None, None], "b": "x", "c": [2, {"d": None}]}
+
+
+def test_accuracies_are_exact_fractions_of_their_counts():
+    """190 of 1,000 right is 19.0 (a float32 mean said 18.99999976158142), and the counts are kept."""
+    import torch
+
+    from sbcli.metrics import step_metrics
+
+    labels = torch.zeros(1000, dtype=torch.long)
+    scores = torch.zeros(1000, 2)
+    scores[190:, 1] = 1.0  # 190 right, 810 wrong
+    metrics = step_metrics(scores, labels, [0, 0])
+    assert metrics.overall == 19.0 and repr(metrics.overall) == "19.0"
+    assert metrics.to_json()["counts"]["overall"] == [190, 1000]
+    assert metrics.to_json()["counts"]["per_task"] == [[190, 1000]]
