@@ -174,6 +174,21 @@ def _pretrained_learner(o: dict, given: dict) -> None:
             o[key] = value
 
 
+# `sb train FOLDER --pretrained ...` without --method: the ridge head, which led every trained row and SimpleCIL on 50
+# held-out classes grown from a backbone sbcli trained on 50 others (docs/lab/benchmarks.md, "The pretrained path").
+PRETRAINED_METHOD = "ranpac"
+
+
+def _pretrained_method(o: dict, given: dict) -> None:
+    """With a pretrained backbone and no --method, a folder is learned by :data:`PRETRAINED_METHOD`."""
+    from sbcli.hub.pretrained import RANDOM
+
+    ref = o.get("pretrained")
+    if given.get("method") is None and not given.get("recipe") and ref and ref != RANDOM \
+            and kind_of(o.get("source")) == "folder":
+        o["method"] = PRETRAINED_METHOD
+
+
 LOW_LR_NO_WARMUP = 0.05  # in `sb train`, a default warm-up runs only at --lr 0.05 and above
 
 
@@ -223,6 +238,7 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
     """
     o = merge(given, defaults_for(given.get("source")) if defaults is None else defaults)
     _pretrained_learner(o, given)
+    _pretrained_method(o, given)
     _frozen_backbone(o, given)
     _own_data_rules(o, given, own=defaults is None and kind_of(o.get("source")) != "paper")
     method_options = {k: o.get(k) for k in sorted(method_keys())}
