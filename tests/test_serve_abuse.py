@@ -193,8 +193,7 @@ def test_a_client_that_leaves_mid_upload_is_one_info_line_and_no_failure(model: 
     caplog.set_level(logging.INFO, logger="sbcli")
     headers = [(b"content-type", b"image/png"), (b"content-length", b"5000")]
     if "infer" in path:  # the protocol answers 503 until its versions are listed: list them as the lifespan would
-        route = next(r for r in app.routes if getattr(r, "path", "") == "/v2/models/{name}/infer")
-        route.endpoint.__self__.registry.sync(server.loaded)
+        server.sync()
     asyncio.run(asgi(app, "POST", path, headers, [{"type": "http.request", "body": b"\0" * 1000, "more_body": True},
                                                   {"type": "http.disconnect"}]))
     records = [r for r in caplog.records if r.name.startswith("sbcli")]
@@ -230,7 +229,7 @@ def test_a_shape_that_overflows_int64_is_a_400(model: Path, shape: list[int]) ->
 def test_unrouted_paths_and_methods_answer_json(model: Path) -> None:
     with running(ServeConfig(str(model), reload_interval_s=0)) as (url, _):
         port = int(url.rsplit(":", 1)[1])
-        cases = [("GET", "/nope", 404), ("POST", "/v2/repository/index", 404), ("GET", "/predict", 405),
+        cases = [("GET", "/nope", 404), ("POST", "/v2/trace/setting", 404), ("GET", "/predict", 405),
                  ("DELETE", "/v2/models/x", 405), ("PUT", "/health", 405), ("GET", f"/v2/models/{model_name(model)}/infer", 405)]
         for method, path, want in cases:
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=TIMEOUT)
@@ -247,4 +246,4 @@ def test_unrouted_paths_and_methods_answer_json(model: Path) -> None:
 
         client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=TIMEOUT)
         with pytest.raises(InferenceServerException, match="is not a route of this server"):
-            client.get_model_repository_index()  # before: a JSON parse error of "Not Found"
+            client.get_trace_settings()  # before: a JSON parse error of "Not Found"

@@ -88,6 +88,11 @@ BAD = [
     (["--max-connections", "0"], "--max-connections"),
     (["--max-connections", "100000000"], "--max-connections"),
     (["--host", "999.1.1.1"], "--host 999.1.1.1"),
+    (["--max-queue", "0"], "--max-queue"),
+    (["--max-queue", "2000000"], "--max-queue must be between 1 and 1e+06"),
+    (["--grpc-port", "0"], "--grpc-port"),
+    (["--grpc-port", "70000"], "--grpc-port"),
+    (["--port", "8123", "--grpc-port", "8123"], "--grpc-port must differ from --port (8123)"),
 ]
 
 
@@ -104,6 +109,29 @@ def test_a_port_already_in_use_is_refused_before_the_model_loads(model: Path, ne
         port = taken.getsockname()[1]
         line = refusal([str(model), "--port", str(port)])
     assert f"127.0.0.1:{port}" in line and "--port" in line, line
+
+
+def test_a_grpc_port_already_in_use_is_refused_before_the_model_loads(model: Path, never_loads: None) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = refusal([str(model), "--port", "0", "--grpc-port", str(port)])
+    assert f"127.0.0.1:{port}" in line and "--grpc-port" in line, line
+
+
+def test_two_models_of_one_name_are_refused_before_any_loads(model: Path, tmp_path: Path, never_loads: None) -> None:
+    (tmp_path / "a").mkdir()
+    shutil.copy(model, tmp_path / "a" / "model.onnx")
+    line = refusal([str(model), str(tmp_path / "a" / "model.onnx"), "--port", "0"])
+    assert "Two models would be served as 'model'" in line, line
+
+
+def test_grpc_without_grpcio_is_one_sentence_naming_the_extra(model: Path, never_loads: None,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "grpc", None)  # as if grpcio were not installed: importing it fails
+    line = refusal([str(model), "--port", "0", "--grpc-port", str(free_port())])
+    assert '--grpc-port needs grpcio; install the gRPC extra: pip install "sbcli[grpc]"' in line, line
 
 
 def test_the_defaults_pass_the_checks(model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -135,9 +163,14 @@ def test_cli_serves_a_triton_model_folder(model: Path, tmp_path: Path, monkeypat
     assert res.exit_code == 0, res.output
     assert served and served[0].loaded.model.path == folder / "2" / "model.onnx"
     assert "/v2/models/my-learner" in " ".join(res.output.split())
-    # the repository above it is not a model folder: still one sentence that names all three
-    line = refusal([str(folder.parent), "--port", "0"])
-    assert "Triton model folder" in line, line
+    # the repository above it serves every model folder in it
+    res = CliRunner().invoke(app, ["serve", str(folder.parent), "--port", "0"])
+    assert res.exit_code == 0, res.output
+    assert [s.name for s in served[1].models.served.values()] == ["my-learner"]
+    # a folder that holds none of them: still one sentence that names them all
+    (tmp_path / "empty" / "sub").mkdir(parents=True)
+    line = refusal([str(tmp_path / "empty"), "--port", "0"])
+    assert "Triton model folder or model repository" in line, line
 
 
 def serve_process(args: list[str], stderr: Any = subprocess.PIPE, **popen: Any) -> subprocess.Popen:

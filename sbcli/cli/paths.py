@@ -43,16 +43,21 @@ def source(name: str | None) -> None:
 
 def model(path: Path, triton: bool = False) -> None:
     """A learner directory or an ``.onnx`` file (`sb predict`, `sb serve`); with ``triton`` (`sb serve`) also a
-    Triton model folder from `sb export --format triton`: config.pbtxt beside numbered N/model.onnx, as
-    :func:`sbcli.serve.source.triton_versions` reads it (that module imports numpy and Pillow: not here)."""
+    Triton model folder from `sb export --format triton` (config.pbtxt beside numbered N/model.onnx) or a model
+    repository holding such folders, as :mod:`sbcli.serve.source` reads them (that module imports numpy and
+    Pillow: not here)."""
+    def triton_model(folder: Path) -> bool:
+        return (folder / "config.pbtxt").is_file() and any(
+            d.name.isdigit() and int(d.name) > 0 and (d / "model.onnx").is_file() for d in folder.iterdir())
+
     if (path.is_dir() and (path / STATE_FILE).is_file()) or (path.is_file() and path.suffix.lower() == ".onnx"):
         return
-    if triton and (path / "config.pbtxt").is_file() and any(
-            d.name.isdigit() and int(d.name) > 0 and (d / "model.onnx").is_file() for d in path.iterdir()):
+    if triton and path.is_dir() and (triton_model(path) or (not (path / "config.pbtxt").exists() and any(
+            d.is_dir() and not d.name.startswith(".") and triton_model(d) for d in path.iterdir()))):
         return
     if triton:
         raise ConfigError(f"{path} is neither a learner directory (with learner.json) nor an .onnx file (nor a Triton "
-                          "model folder from `sb export --format triton`); give one of those.")
+                          "model folder or model repository from `sb export --format triton`); give one of those.")
     raise ConfigError(f"{path} is neither a learner directory (with learner.json) nor an .onnx file; give one of those.")
 
 

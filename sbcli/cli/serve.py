@@ -1,4 +1,4 @@
-"""`sb serve`: an HTTP server for an exported ONNX file or a learner directory."""
+"""`sb serve`: an HTTP (and gRPC) server for exported ONNX files, learner directories and Triton model repositories."""
 
 from __future__ import annotations
 
@@ -20,26 +20,35 @@ EPILOG = """Examples:
 
   sb serve my-learner --workers 2 --provider cpu                      # every kept step is a version; reloads
 
+  sb serve model_repository --grpc-port 8001                          # every model of a Triton repository, HTTP and gRPC
+
+  sb serve a.onnx my-learner                                          # two models: /predict?model=a, /v2/models/my-learner
+
   sb serve model.onnx --provider tensorrt --trt-fp16 --trt-cache /var/cache/trt   # on a machine with a GPU
 
-Routes: POST /predict (multipart files, JSON {"images": \\[base64, ...]} or a raw image body; ?top_k=N),
-GET /health, GET /metadata; the Open Inference Protocol (KServe v2): GET /v2/health/live,
-GET /v2/health/ready, GET /v2, GET /v2/models/NAME\\[/versions/STEP]\\[/ready], POST .../infer;
-GET /metrics (Prometheus).
+Routes: POST /predict (multipart files, JSON {"images": \\[base64, ...]} or a raw image body; ?top_k=N;
+?model=NAME when several models are served), GET /health, GET /metadata; the Open Inference Protocol
+(KServe v2): GET /v2/health/live, GET /v2/health/ready, GET /v2, GET /v2/models,
+GET /v2/models/NAME\\[/versions/STEP]\\[/ready|/config|/stats], POST .../infer, GET /v2/models/stats,
+POST /v2/repository/index, POST /v2/repository/models/NAME/load|unload; GET /metrics (Prometheus,
+with Triton's nv_inference_* names). With --grpc-port, the same protocol over gRPC (Triton's
+inference.GRPCInferenceService).
 
 Limits: a request over --max-request-mb is 413; past --max-inflight-mb of bodies held by all requests
 together (a body parsed into images or tensors, multipart, JSON or /v2 infer, counts twice) a request is 503 at once;
 a request whose head or body has not arrived within --request-timeout seconds is 408 and closed;
-a connection past --max-connections is 503 and closed. Every error is JSON: {"error": "one sentence"}.
+a connection past --max-connections is 503 and closed; past --max-queue requests waiting for the
+batcher a request is 503 at once. Every error is JSON: {"error": "one sentence"}.
 """
 
 
 @friendly_errors
 def serve(
-    model: Annotated[Path, typer.Argument(help="An .onnx file written by `sb export`, a learner directory (each kept step exported to a cached ONNX file, one version each), or a Triton model folder from `sb export --format triton`.", show_default=False)],
+    models: Annotated[list[Path], typer.Argument(help="What to serve, one or more: .onnx files written by `sb export`, learner directories (each kept step exported to a cached ONNX file, one version each), Triton model folders, or a Triton model repository from `sb export --format triton` (every model in it). Each is served by its name: the file's stem or the folder's name.", show_default=False)],
     host: Annotated[str, typer.Option("--host", help="Address to listen on (0.0.0.0: every interface).", rich_help_panel=NET)] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="Port to listen on.", rich_help_panel=NET)] = 8000,
     workers: Annotated[int, typer.Option("--workers", help="Server processes sharing the port, each with its own model (at most the CPU cores).", rich_help_panel=NET)] = 1,
+    grpc_port: Annotated[Optional[int], typer.Option("--grpc-port", help="Also serve the Open Inference Protocol over gRPC on this port (Triton's is 8001); needs the grpc extra. Default: off.", rich_help_panel=NET, show_default=False)] = None,
     provider: Annotated[str, typer.Option("--provider", help="auto (TensorRT, then CUDA, then CPU, among those that load), cpu, cuda or tensorrt.")] = "auto",
     threads: Annotated[Optional[int], typer.Option("--threads", help="onnxruntime threads per model call, at most the CPU cores (default: its own choice).", show_default=False)] = None,
     top_k: Annotated[int, typer.Option("--top-k", "-k", help="Labels per image when a request does not say.")] = 5,
@@ -50,6 +59,7 @@ def serve(
     request_timeout: Annotated[float, typer.Option("--request-timeout", help="Seconds for a request's head, then for its body, to arrive; a slower one is answered 408 and its connection closed (between 0.01 and 3600).", rich_help_panel=NET)] = 60.0,
     max_connections: Annotated[Optional[int], typer.Option("--max-connections", help="Connections open at once per worker; one more is answered 503 and closed. Default: 512, fewer where the open-file limit (ulimit -n) leaves less room.", rich_help_panel=NET, show_default=False)] = None,
     max_images: Annotated[int, typer.Option("--max-images", help="Most images in one request.", rich_help_panel=BATCH)] = 64,
+    max_queue: Annotated[int, typer.Option("--max-queue", help="Most requests waiting for the batcher at once (every model together); one more is refused at once (503, Retry-After).", rich_help_panel=BATCH)] = 128,
     cuda_graph: Annotated[bool, typer.Option("--cuda-graph", help="CUDA graphs on the CUDA provider (needs --provider cuda): one captured graph per batch size bucket.", rich_help_panel=GPU)] = False,
     trt_fp16: Annotated[bool, typer.Option("--trt-fp16", help="Let TensorRT use fp16 kernels (--provider tensorrt or auto).", rich_help_panel=GPU)] = False,
     trt_cache: Annotated[Optional[Path], typer.Option("--trt-cache", help="Folder for TensorRT's engines and timing cache (default: tensorrt in the serve cache).", rich_help_panel=GPU, show_default=False)] = None,
@@ -57,28 +67,33 @@ def serve(
     max_request_megapixels: Annotated[float, typer.Option("--max-request-megapixels", help="The most pixels one request may decode (413 beyond), and the most decoded at once by all requests together: it bounds the server's decoding memory (about 4 bytes a pixel).", rich_help_panel=BATCH)] = 120.0,
     reload_interval: Annotated[float, typer.Option("--reload-interval", help="Seconds between checks for a changed model file or learner (0: never reload).", rich_help_panel=BATCH)] = 2.0,
 ) -> None:
-    """Serve a model over HTTP: /predict, /health, /metadata, the Open Inference Protocol (KServe v2) and /metrics, with dynamic batching and reload."""
-    paths.model(model, triton=True)  # before torch or onnxruntime loads: a mistyped path answers at once
+    """Serve models over HTTP (and gRPC): /predict, /health, /metadata, the Open Inference Protocol (KServe v2) with Triton's repository, configuration and statistics, and /metrics, with dynamic batching and reload."""
+    for model in models:
+        paths.model(model, triton=True)  # before torch or onnxruntime loads: a mistyped path answers at once
     from sbcli.cli import render
     from sbcli.export.serving import EXPORTER
     from sbcli.serve.app import ServeConfig
     from sbcli.serve.server import Listen, megabytes, megapixels, prepare, run
-    from sbcli.serve.versions import model_name
 
     inflight = None if max_inflight_mb is None else megabytes("--max-inflight-mb", max_inflight_mb)
-    cfg = ServeConfig(str(model), provider, top_k, max_batch_size, max_wait_ms, megabytes("--max-request-mb", max_request_mb),
-                      max_images, reload_interval, threads, cuda_graph, trt_fp16, str(trt_cache) if trt_cache else None,
+    listen = Listen(host, port, workers, grpc_port=grpc_port)
+    cfg = ServeConfig(tuple(map(str, models)), provider, top_k, max_batch_size, max_wait_ms,
+                      megabytes("--max-request-mb", max_request_mb), max_images, reload_interval, threads, cuda_graph,
+                      trt_fp16, str(trt_cache) if trt_cache else None,
                       max_image_pixels=megapixels("--max-image-megapixels", max_image_megapixels),
                       max_request_pixels=megapixels("--max-request-megapixels", max_request_megapixels),
                       exporter=EXPORTER, max_inflight_bytes=inflight, request_timeout_s=request_timeout,
-                      max_connections=max_connections)
-    listen = Listen(host, port, workers)
+                      max_connections=max_connections, max_queue=max_queue, grpc_listen=listen.grpc_listen)
     server = prepare(cfg, listen)
-    meta = server.metadata()
-    render.ERR.print(f"Serving {model} ({len(meta['classes'])} classes, input {meta['input_size']}, provider "
-                     f"{meta['provider']}) on http://{host}:{port} with {workers} worker(s); "
-                     f"batches of up to {max_batch_size} within {max_wait_ms:g} ms", highlight=False)
-    render.ERR.print(f"Open Inference Protocol (KServe v2) at http://{host}:{port}/v2/models/{model_name(model)} "
-                     "(versions: the learner's kept steps, default the latest); Prometheus metrics at /metrics",
-                     highlight=False)
+    for served in server.models.served.values():
+        meta = served.describe()
+        render.ERR.print(f"Serving {served.source} as {served.name!r} ({len(meta['classes'])} classes, input "
+                         f"{meta['input_size']}, provider {meta['provider']})", highlight=False)
+    render.ERR.print(f"on http://{host}:{port} with {workers} worker(s); batches of up to {max_batch_size} within "
+                     f"{max_wait_ms:g} ms, at most {max_queue} requests waiting", highlight=False)
+    names = list(server.models.served)
+    where = f"/v2/models/{names[0]}" if len(names) == 1 else f"/v2/models/NAME (NAME: {', '.join(names)})"
+    render.ERR.print(f"Open Inference Protocol (KServe v2) at http://{host}:{port}{where} (versions: the learners' "
+                     "kept steps, default the latest); Prometheus metrics at /metrics"
+                     + (f"; gRPC at {listen.grpc_listen}" if grpc_port else ""), highlight=False)
     run(server, listen)

@@ -1,11 +1,15 @@
 """The ``sb serve`` HTTP application (Starlette on uvicorn).
 
 Routes: ``POST /predict`` (multipart image files, JSON ``{"images": [base64, ...]}`` or one raw
-image body; ``top_k`` as a query parameter or JSON field), ``GET /health``, ``GET /metadata``; the
-Open Inference Protocol under ``/v2`` and ``GET /metrics`` (:mod:`sbcli.serve.oip`).
+image body; ``top_k`` as a query parameter or JSON field; ``model`` as a query parameter, needed
+when several models are served), ``GET /health``, ``GET /metadata``; the Open Inference Protocol
+under ``/v2`` with Triton's extensions and ``GET /metrics`` (:mod:`sbcli.serve.oip`,
+:mod:`sbcli.serve.oip_triton`); the gRPC protocol beside it with ``grpc_listen``
+(:mod:`sbcli.serve.grpc_service`, started in the lifespan, so that both share one batcher).
 Requests are refused before they are read whole when they are too large: at once from their
 Content-Length, else while streaming; when the bodies in flight would pass the server's byte
-budget (503), or do not arrive within the request timeout (408). A bad image is a 400 with one
+budget (503), or do not arrive within the request timeout (408); past ``max_queue`` requests waiting
+for the batcher a request is 503 at once, ``Retry-After`` set. A bad image is a 400 with one
 sentence; the server goes on. Every refusal, 404 and 405 included, is ``{"error": "..."}``.
 """
 
@@ -15,42 +19,46 @@ import asyncio
 import base64
 import binascii
 import contextlib
-import functools
 import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from sbcli.errors import SbcliError
 from sbcli.serve import limits
-from sbcli.serve import source as sources
 from sbcli.serve.batching import BatchConfig, Batcher
+from sbcli.serve.infer import admit, score
 from sbcli.serve.limits import HTTPError, parse_json, read_body, refusal
+from sbcli.serve.models import Models
 from sbcli.serve.predict import top_k as rank
+from sbcli.serve.stats import StatsBook
 
 logger = logging.getLogger(__name__)
 CONFIG_ENV = "SBCLI_SERVE_CONFIG"
 INFLIGHT_PER_REQUEST = 4  # the default byte budget: four requests of the largest size at once
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # a 16 MiB body at about 2.2 Mbit/s
+DEFAULT_MAX_QUEUE = 128  # requests waiting for the batcher: a second's worth at 128 images/s, batched
 RAW_IMAGE_KINDS = ("image/", "application/octet-stream")
 
 
 @dataclass(frozen=True)
 class ServeConfig:
-    """Everything a server process needs (JSON in $SBCLI_SERVE_CONFIG for ``--workers`` > 1)."""
+    """Everything a server process needs (JSON in $SBCLI_SERVE_CONFIG for ``--workers`` > 1).
 
-    model: str
+    ``model``: one source or several (:func:`sbcli.serve.source.expand`: files, learner directories,
+    Triton model folders and repositories).
+    """
+
+    model: str | Sequence[str]
     provider: str = "auto"
     top_k: int = 5
     max_batch_size: int = 32
@@ -68,6 +76,12 @@ class ServeConfig:
     max_inflight_bytes: int | None = None  # bytes of all bodies held at once (None: 4 x max_request_bytes)
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S  # for a request head, and then for its body, to arrive
     max_connections: int | None = None  # open at once (None: 512, fewer where the open-file limit is lower)
+    max_queue: int = DEFAULT_MAX_QUEUE  # requests waiting for the batcher at once; one more is a 503
+    grpc_listen: str | None = None  # "host:port" of the gRPC protocol (None: HTTP only)
+
+    @property
+    def sources(self) -> tuple[Path, ...]:
+        return (Path(self.model),) if isinstance(self.model, str | os.PathLike) else tuple(map(Path, self.model))
 
     def gpu(self) -> Any:
         """The GPU options as :class:`sbcli.serve.gpu.GpuOptions` (None when all are off: the providers' defaults)."""
@@ -91,71 +105,67 @@ class ServeConfig:
         return limits.RequestLimits(self.max_request_bytes, self.max_images, self.max_image_pixels, self.max_request_pixels)
 
     def to_env(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps({**asdict(self), "model": [str(p) for p in self.sources]})
 
     @classmethod
     def from_env(cls) -> ServeConfig:
-        return cls(**json.loads(os.environ[CONFIG_ENV]))
+        fields = json.loads(os.environ[CONFIG_ENV])
+        return cls(**{**fields, "model": tuple(fields["model"])})
 
 
 @dataclass
 class Server:
-    """The state of one server process: the model served, the batcher, the reload watcher."""
+    """The state of one server process: the models served (and their reloads), the batcher, the budgets, the statistics."""
 
     cfg: ServeConfig
-    loaded: sources.Loaded | None = None
+    models: Models = field(init=False)  # refuses unservable sources and duplicate names before anything loads
     batcher: Batcher = field(init=False)
     budget: limits.PixelBudget = field(init=False)
     inflight: limits.ByteBudget = field(init=False)  # request bodies held, by every request together
-    reloads: int = 0
+    stats: StatsBook = field(default_factory=StatsBook)  # Triton's statistics, per model version
     started: float = field(default_factory=time.time)
-    failing: str | None = None  # why the last changed source did not load (None: serving the latest)
     metrics: Any = None  # sbcli.serve.metrics.Metrics, set by create_app
 
     def __post_init__(self) -> None:
-        self.batcher = Batcher(BatchConfig(self.cfg.max_batch_size, self.cfg.max_wait_ms))
+        self.models = Models(self.cfg)
+        self.batcher = Batcher(BatchConfig(self.cfg.max_batch_size, self.cfg.max_wait_ms, self.cfg.max_queue))
         self.budget = limits.PixelBudget(self.cfg.max_request_pixels)
         self.inflight = limits.ByteBudget(self.cfg.inflight_bytes)
 
     @property
     def source(self) -> Path:
-        return Path(self.cfg.model)
+        return self.cfg.sources[0]
+
+    @property
+    def loaded(self) -> Any:
+        """The first model's :class:`sbcli.serve.source.Loaded` (the model, when one is served)."""
+        return next(iter(self.models.served.values())).loaded
+
+    @property
+    def failing(self) -> str | None:
+        """Why a changed source did not load (the first model's that failed; None: serving every latest)."""
+        return next((s.failing for s in self.models.served.values() if s.failing is not None), None)
 
     def load(self) -> None:
-        if self.loaded is None:
-            self.loaded = sources.load(self.source, self.cfg.provider, self.cfg.threads, gpu=self.cfg.gpu(),
-                                       exporter=self.cfg.exporter)
+        self.models.load_all()
 
-    async def watch(self) -> None:
-        """Poll the source; load a changed model beside the old one and swap it in."""
-        assert self.loaded is not None
-        watcher = sources.Watcher(self.source, self.loaded.signature)
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(self.cfg.reload_interval_s)
-            if not watcher.due():
-                continue
-            version = self.loaded.version + 1
-            try:
-                new = await loop.run_in_executor(None, functools.partial(sources.load, self.source, self.cfg.provider,
-                                                                         self.cfg.threads, version, gpu=self.cfg.gpu(),
-                                                                         exporter=self.cfg.exporter))
-            except SbcliError as err:
-                logger.warning("Kept model version %d: the changed %s did not load (%s)", self.loaded.version, self.source, err)
-                watcher.failed()
-                self.failing = str(err)
-                continue
-            self.loaded, self.reloads, self.failing = new, self.reloads + 1, None
-            watcher.current = new.signature
-            logger.info("Reloaded %s: now model version %d", self.source, new.version)
+    def sync(self) -> None:
+        """List every model's versions now (blocking; the lifespan does it in the background)."""
+        for served in self.models.live:
+            if served.loaded is not None:
+                self.models.sync(served, served.loaded)
 
-    def metadata(self) -> dict[str, Any]:
-        assert self.loaded is not None
-        return {**self.loaded.model.describe(), "source": str(self.source), "model_version": self.loaded.version,
-                "reloads": self.reloads, "batching": {**asdict(self.batcher.cfg), **self.batcher.stats.to_json()},
+    def server_wide(self) -> dict[str, Any]:
+        return {"batching": {**asdict(self.batcher.cfg), **self.batcher.stats.to_json(), "waiting": self.batcher.waiting},
                 "limits": {**self.cfg.request_limits.to_json(), "max_inflight_bytes": self.cfg.inflight_bytes,
                            "request_timeout_s": self.cfg.request_timeout_s, "max_connections": self.cfg.connections},
                 "top_k": self.cfg.top_k}
+
+    def metadata(self, name: str | None = None) -> dict[str, Any]:
+        """The model's description with the server's settings; with several models (and no ``name``), all of them."""
+        if name is not None or len(self.models.served) == 1:
+            return {**self.models.for_predict(name).describe(), **self.server_wide()}
+        return {"models": [s.describe() for s in self.models.live if s.loaded is not None], **self.server_wide()}
 
 
 def _b64(text: Any, index: int) -> bytes:
@@ -246,6 +256,42 @@ def _top_k(value: Any, default: int) -> int:
     return k
 
 
+async def _predictions(server: Server, request: Request, lease: limits.Lease, model: Any, record: Any) -> list:
+    """The top-k predictions of the images ``request`` sends, by ``model`` (``record``: the request's statistics)."""
+    admit(server)
+    body = await read_body(request, server.cfg.max_request_bytes, lease, copies=body_copies(request),
+                           timeout_s=server.cfg.request_timeout_s)
+    images, options = await images_of(request, body, server.cfg.max_images, server.cfg.max_request_bytes)
+    k = _top_k(request.query_params.get("top_k", options.get("top_k")), server.cfg.top_k)
+    with record.stage("input_s"):
+        decoded = await limits.decode_within(model.preprocess, images, server.cfg.request_limits, server.budget)
+        batch = model.preprocess.to_input(list(decoded))
+    if server.metrics is not None:
+        server.metrics.images_decoded("/predict", len(decoded))
+    scores = await score(server, record.key, model, batch, record)
+    with record.stage("output_s"):
+        return rank(scores, model.class_names, k, [name for name, _ in images])
+
+
+async def answer_predict(server: Server, request: Request) -> JSONResponse:
+    """``POST /predict``: top-k labels of each image, by the model ``?model=`` names (or the one served)."""
+    with server.inflight.lease() as lease:  # the body and its parsed copy, held until the answer
+        try:
+            served = server.models.for_predict(request.query_params.get("model"))
+            loaded = served.loaded  # one model for the whole request, even if a reload happens meanwhile
+            model = loaded.model
+            with server.stats.request((served.name, served.registry.number(model))) as record:
+                predictions = await _predictions(server, request, lease, model, record)
+        except HTTPError as err:
+            return refusal(err)
+        except Exception as err:  # the model itself failed: logged with its traceback, answered as a 500
+            logger.exception("The model failed on a request")
+            return JSONResponse({"error": f"The model failed on this request ({type(err).__name__}); see the server log."},
+                                status_code=500)
+    answer = {"model_version": loaded.version, "provider": model.provider, "predictions": [p.to_json() for p in predictions]}
+    return JSONResponse({"model": served.name, **answer} if len(server.models.served) > 1 else answer)
+
+
 def create_app(server: Server) -> Starlette:
     """The Starlette app over ``server`` (which loads its model at startup if not loaded yet)."""
     from starlette.middleware import Middleware
@@ -258,36 +304,20 @@ def create_app(server: Server) -> Starlette:
     limits.start_policy()
 
     async def predict(request: Request) -> JSONResponse:
-        with server.inflight.lease() as lease:  # the body and its parsed copy, held until the answer
-            try:
-                body = await read_body(request, server.cfg.max_request_bytes, lease, copies=body_copies(request),
-                                       timeout_s=server.cfg.request_timeout_s)
-                images, options = await images_of(request, body, server.cfg.max_images, server.cfg.max_request_bytes)
-                k = _top_k(request.query_params.get("top_k", options.get("top_k")), server.cfg.top_k)
-                loaded = server.loaded  # one model for the whole request, even if a reload happens meanwhile
-                assert loaded is not None
-                model = loaded.model
-                decoded = await limits.decode_within(model.preprocess, images, server.cfg.request_limits, server.budget)
-                if server.metrics is not None:
-                    server.metrics.images_decoded("/predict", len(decoded))
-                batch = model.preprocess.to_input(list(decoded))
-                scores = await asyncio.gather(*(server.batcher.submit(model, x) for x in batch))
-            except HTTPError as err:
-                return refusal(err)
-            except Exception as err:  # the model itself failed: logged with its traceback, answered as a 500
-                logger.exception("The model failed on a request")
-                return JSONResponse({"error": f"The model failed on this request ({type(err).__name__}); see the server log."},
-                                    status_code=500)
-            predictions = rank(np.stack(scores), model.class_names, k, [name for name, _ in images])
-            return JSONResponse({"model_version": loaded.version, "provider": model.provider,
-                                 "predictions": [p.to_json() for p in predictions]})
+        return await answer_predict(server, request)
 
     async def health(_: Request) -> JSONResponse:
-        assert server.loaded is not None
-        return JSONResponse({"status": "ok", "model_version": server.loaded.version, "provider": server.loaded.model.provider})
+        models = {s.name: {"model_version": s.loaded.version, "provider": s.loaded.model.provider}
+                  for s in server.models.live if s.loaded is not None}
+        if len(server.models.served) == 1 and models:
+            return JSONResponse({"status": "ok", **next(iter(models.values()))})
+        return JSONResponse({"status": "ok", "models": models})
 
-    async def metadata(_: Request) -> JSONResponse:
-        return JSONResponse(server.metadata())
+    async def metadata(request: Request) -> JSONResponse:
+        try:
+            return JSONResponse(server.metadata(request.query_params.get("model")))
+        except HTTPError as err:
+            return refusal(err)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[dict[str, Any]]:
@@ -295,18 +325,19 @@ def create_app(server: Server) -> Starlette:
 
         server.load()
         server.batcher.start()
-        watch = asyncio.get_running_loop().create_task(server.watch()) if server.cfg.reload_interval_s > 0 else None
-        follow = protocol.follow()
+        tasks = [protocol.follow()]
+        if server.cfg.reload_interval_s > 0:
+            tasks.append(asyncio.get_running_loop().create_task(server.models.watch(server.cfg.reload_interval_s)))
+        grpc = await start_grpc(server) if server.cfg.grpc_listen else None
         try:  # the state reaches sbcli.serve.guard.GuardedProtocol, which runs under uvicorn beside the app
             yield {STATE_KEY: ConnectionGuard(server.cfg.request_timeout_s, server.cfg.connections)}
         finally:
-            follow.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await follow
-            if watch is not None:
-                watch.cancel()
+            if grpc is not None:
+                await grpc.stop(1.0)
+            for task in tasks:
+                task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
-                    await watch
+                    await task
             await server.batcher.stop()
 
     routes = [Route("/predict", predict, methods=["POST"]), Route("/health", health, methods=["GET"]),
@@ -326,6 +357,14 @@ async def not_routed(request: Request, exc: Exception) -> JSONResponse:
     else:
         sentence = f"{path} is not a route of this server; see GET /metadata, or GET /v2 for the Open Inference Protocol."
     return JSONResponse({"error": sentence}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def start_grpc(server: Server) -> Any:
+    """The gRPC protocol's server, listening on ``server.cfg.grpc_listen`` in this event loop (imported only here:
+    plain ``sb serve`` needs no grpcio)."""
+    from sbcli.serve.grpc_service import start
+
+    return await start(server)
 
 
 def app_from_env() -> Starlette:

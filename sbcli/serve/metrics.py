@@ -11,7 +11,18 @@ count apart. The metrics:
 * ``sbcli_queue_seconds`` (an image waiting for its batch) against ``sbcli_compute_seconds`` (one
   model call) and ``sbcli_batch_size`` (images per model call);
 * ``sbcli_images_decoded_total{endpoint}``: encoded images decoded by the model's preprocessing;
-* ``sbcli_model_versions_loaded`` and ``sbcli_model_version_info{model,version,default}``.
+* ``sbcli_model_versions_loaded`` and ``sbcli_model_version_info{model,version,default}``;
+* ``sbcli_requests_waiting``: requests waiting for the batcher (``--max-queue`` bounds it).
+
+Beside them, the metrics a Triton dashboard reads, labelled ``model`` and ``version`` as Triton
+labels them and read from the same counts as ``/v2/models/stats`` (:mod:`sbcli.serve.stats`):
+``nv_inference_request_success``, ``nv_inference_request_failure`` (with ``reason``: REJECTED,
+CANCELED, BACKEND, OTHER), ``nv_inference_count`` (images), ``nv_inference_exec_count`` (model
+calls), ``nv_inference_request_duration_us``, ``nv_inference_queue_duration_us``,
+``nv_inference_compute_input_duration_us``, ``nv_inference_compute_infer_duration_us``,
+``nv_inference_compute_output_duration_us`` (counters) and ``nv_inference_pending_request_count``
+(a gauge: requests waiting for the batcher). They are written as Triton writes them, counters
+without prometheus_client's ``_total`` suffix, so that the names match a Triton dashboard's queries.
 
 With ``--workers`` N each process counts its own requests; scrape each, or run one worker per
 container as Kubernetes deployments usually do.
@@ -20,7 +31,7 @@ container as Kubernetes deployments usually do.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,9 +42,27 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sbcli.errors import ExportError
 from sbcli.serve.limits import CLIENT_CLOSED
+from sbcli.serve.stats import StatsBook, VersionStats
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+TRITON_COUNTERS = (  # (name, help, what it reads of a VersionStats)
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+     lambda s: s.durations["success"].count),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)", lambda s: s.inference_count),
+    ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
+     lambda s: s.execution_count),
+    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds",
+     lambda s: (s.durations["success"].ns + s.durations["fail"].ns) // 1000),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds",
+     lambda s: s.durations["queue"].ns // 1000),
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
+     lambda s: s.durations["compute_input"].ns // 1000),
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
+     lambda s: s.durations["compute_infer"].ns // 1000),
+    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
+     lambda s: s.durations["compute_output"].ns // 1000),
+)
 
 
 def require_prometheus() -> Any:
@@ -47,9 +76,13 @@ def require_prometheus() -> Any:
 
 @dataclass
 class Metrics:
-    """The server's counters and histograms, in their own registry; ``versions()`` lists (model, version, default)."""
+    """The server's counters and histograms, in their own registry; ``versions()`` lists (model, version, default),
+    ``book`` holds Triton's statistics, ``pending()`` the requests waiting by (model, version), ``waiting()`` all of them."""
 
     versions: Callable[[], list[tuple[str, int, bool]]]
+    book: StatsBook = field(default_factory=StatsBook)
+    pending: Callable[[], Mapping[Any, int]] = dict
+    waiting: Callable[[], int] = int
     registry: Any = field(init=False)
 
     def __post_init__(self) -> None:
@@ -69,7 +102,7 @@ class Metrics:
                                     registry=reg)
         self.decoded = prom.Counter("sbcli_images_decoded", "Encoded images decoded by the model's preprocessing.",
                                     ["endpoint"], registry=reg)
-        reg.register(_VersionCollector(self.versions))
+        reg.register(_VersionCollector(self.versions, self.waiting))
 
     def observe_batch(self, size: int, waits: list[float], compute_s: float) -> None:
         """One model call: its batch size, each image's wait in the queue, the call's duration."""
@@ -89,16 +122,48 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         prom = require_prometheus()
-        return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST
+        return prom.generate_latest(self.registry) + self.triton_text().encode(), prom.CONTENT_TYPE_LATEST
+
+    def triton_text(self) -> str:
+        """The ``nv_inference_*`` families in the text format, as Triton writes them, for every version served."""
+        keys = [(model, version) for model, version, _ in self.versions()]
+        pending = self.pending()
+        lines: list[str] = []
+        for name, doc, read in TRITON_COUNTERS:
+            lines += _family(name, doc, "counter", [(_labels(k), read(self.book.entries.get(k) or _ZERO)) for k in keys])
+        failures = [(_labels(k, reason=r), (self.book.entries.get(k) or _ZERO).failures[r]) for k in keys for r in REASONS]
+        lines += _family("nv_inference_request_failure", "Number of failed inference requests, all batch sizes",
+                         "counter", failures)
+        lines += _family("nv_inference_pending_request_count", "Instantaneous number of pending requests awaiting "
+                         "execution per-model.", "gauge", [(_labels(k), pending.get(k, 0)) for k in keys])
+        return "".join(line + "\n" for line in lines)
 
     async def endpoint(self, _: Request) -> Response:
         body, kind = self.render()
         return Response(body, media_type=kind)
 
 
+REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")  # sbcli.serve.stats.reason_of
+_ZERO = VersionStats()
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _labels(key: tuple[str, int], **more: str) -> str:
+    pairs = {"model": key[0], "version": str(key[1]), **more}
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs.items()) + "}"
+
+
+def _family(name: str, doc: str, kind: str, samples: list[tuple[str, int]]) -> list[str]:
+    return [f"# HELP {name} {doc}", f"# TYPE {name} {kind}", *(f"{name}{labels} {value}" for labels, value in samples)]
+
+
 @dataclass(eq=False)  # registries keep collectors in a set: hashed by identity
 class _VersionCollector:
     versions: Callable[[], list[tuple[str, int, bool]]]
+    waiting: Callable[[], int] = int
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
@@ -112,6 +177,9 @@ class _VersionCollector:
             info.add_metric([model, str(version), str(default).lower()], 1)
         yield count
         yield info
+        waiting = GaugeMetricFamily("sbcli_requests_waiting", "Requests waiting for the batcher (at most --max-queue).")
+        waiting.add_metric([], self.waiting())
+        yield waiting
 
 
 def route_template(routes: list[Any], scope: Scope) -> str:

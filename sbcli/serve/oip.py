@@ -1,17 +1,20 @@
 """The Open Inference Protocol (KServe v2 REST, as Triton speaks it) beside ``sb serve``'s own routes.
 
-``GET /v2/health/live``, ``GET /v2/health/ready`` (the model loaded and warmed, and no reload
+``GET /v2/health/live``, ``GET /v2/health/ready`` (every model loaded and warmed, and no reload
 failing), ``GET /v2`` (server metadata), ``GET /v2/models/{name}[/versions/{version}]`` (model
-metadata), ``GET .../ready``, ``POST .../infer``. Versions are learner steps
-(:mod:`sbcli.serve.versions`); the default is the latest.
+metadata), ``GET .../ready``, ``POST .../infer``; Triton's extensions (the model list, configuration,
+statistics and repository) are in :mod:`sbcli.serve.oip_triton`. Every model served has its name
+(:mod:`sbcli.serve.models`); versions are learner steps (:mod:`sbcli.serve.versions`); the default
+is the latest.
 
 Inputs: ``images`` (``FP32`` [N, 3, S, S], preprocessed: RGB in [0, 1], resized to S; the
 normalisation is inside the model) or ``image_bytes`` (``BYTES`` [N]: encoded images, decoded by
 the model's own preprocessing). Outputs: ``logits`` (``FP32`` [N, C]) and ``probabilities`` (their
-softmax, what ``sb predict`` reports), each also as a classification. Errors are ``{"error": "..."}``
-with 400 (a malformed request), 404 (an unknown model or version, or route), 405 (a method a route
-does not take), 408 (the body did not arrive in time), 413 (too large), 503 (not ready, or the
-server's byte budget spent) or 500 (the model failed).
+softmax, what ``sb predict`` reports), each also as a classification (:mod:`sbcli.serve.infer`).
+Errors are ``{"error": "..."}`` with 400 (a malformed request), 404 (an unknown or unloaded model,
+an unknown version, or route), 405 (a method a route does not take), 408 (the body did not arrive
+in time), 413 (too large), 503 (not ready, the queue full, or the server's byte budget spent) or
+500 (the model failed).
 """
 
 from __future__ import annotations
@@ -26,19 +29,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sbcli.errors import SbcliError
 from sbcli.serve import oip_codec as codec
-from sbcli.serve.limits import HTTPError, decode_within, read_body, refusal
+from sbcli.serve.infer import BYTES_INPUT, OUTPUTS, TENSOR_INPUT, infer
+from sbcli.serve.limits import HTTPError, read_body, refusal
 from sbcli.serve.metrics import Metrics
 from sbcli.serve.model import OnnxClassifier
-from sbcli.serve.predict import softmax
-from sbcli.serve.versions import Registry
+from sbcli.serve.oip_triton import PLATFORM, Extensions
 
 logger = logging.getLogger(__name__)
 SERVER_NAME = "sbcli"
-EXTENSIONS = ["binary_tensor_data", "classification"]
-TENSOR_INPUT, BYTES_INPUT = "images", "image_bytes"
-OUTPUTS = ("logits", "probabilities")
+EXTENSIONS = ["binary_tensor_data", "classification", "model_repository", "model_configuration", "statistics"]
 INFER = "/v2/models/{name}/infer"
 
 
@@ -46,29 +46,42 @@ def _error(status: int, sentence: str) -> JSONResponse:
     return JSONResponse({"error": sentence}, status_code=status)
 
 
+def model_metadata(name: str, versions: list[int], number: int, model: OnnxClassifier) -> dict[str, Any]:
+    """The protocol's model metadata of version ``number`` (``versions``: all served, the latest the default)."""
+    size, classes = model.image_size, len(model.class_names)
+    return {
+        "name": name,
+        "versions": [str(v) for v in sorted(versions)],
+        "platform": PLATFORM,
+        "inputs": [{"name": TENSOR_INPUT, "datatype": "FP32", "shape": [-1, 3, size, size]},
+                   {"name": BYTES_INPUT, "datatype": "BYTES", "shape": [-1]}],
+        "outputs": [{"name": out, "datatype": "FP32", "shape": [-1, classes]} for out in OUTPUTS],
+        "parameters": {"version": str(number), "default_version": str(max(versions)),
+                       "labels": model.class_names, "provider": model.provider,
+                       "preprocess": model.preprocess.to_json(), "send_one_of": [TENSOR_INPUT, BYTES_INPUT]},
+    }
+
+
+def server_metadata() -> dict[str, Any]:
+    from sbcli import __version__
+
+    return {"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS}
+
+
 @dataclass
 class Protocol:
-    """The v2 routes over one server, its versions and its metrics."""
+    """The v2 routes over one server, its models and its metrics."""
 
     server: Any  # sbcli.serve.app.Server, which mounts this module (so not imported here)
-    registry: Registry
     metrics: Metrics
 
     @property
     def ready(self) -> bool:
-        return (self.server.loaded is not None and self.registry.ready
-                and getattr(self.server, "failing", None) is None)
+        return self.server.models.ready
 
-    def model(self, request: Request) -> tuple[int, OnnxClassifier]:
-        name, version = request.path_params["name"], request.path_params.get("version")
-        if name != self.registry.name:
-            raise HTTPError(404, f"Model {name!r} is not served here; this server serves {self.registry.name!r}.")
-        if not self.registry.versions:
-            raise HTTPError(503, "The model is still loading; retry when /v2/health/ready answers 200.")
-        try:
-            return self.registry.get(version)
-        except KeyError as err:
-            raise HTTPError(404, f"Model {name!r} {err.args[0]}.") from err
+    def model(self, request: Request) -> tuple[Any, int, OnnxClassifier]:
+        """(the served model, the version's number, its classifier) that the path names. Raises HTTPError 404 or 503."""
+        return self.server.models.lookup(request.path_params["name"], request.path_params.get("version"))
 
     async def live(self, _: Request) -> JSONResponse:
         return JSONResponse({"live": True})
@@ -77,47 +90,35 @@ class Protocol:
         return JSONResponse({"ready": self.ready}, status_code=200 if self.ready else 503)
 
     async def server_metadata(self, _: Request) -> JSONResponse:
-        from sbcli import __version__
-
-        return JSONResponse({"name": SERVER_NAME, "version": __version__, "extensions": EXTENSIONS})
+        return JSONResponse(server_metadata())
 
     async def model_metadata(self, request: Request) -> JSONResponse:
         try:
-            number, model = self.model(request)
+            served, number, model = self.model(request)
         except HTTPError as err:
             return _error(err.status, str(err))
-        size, classes = model.image_size, len(model.class_names)
-        return JSONResponse({
-            "name": self.registry.name,
-            "versions": [str(v) for v in sorted(self.registry.versions)],
-            "platform": "onnxruntime_onnx",
-            "inputs": [{"name": TENSOR_INPUT, "datatype": "FP32", "shape": [-1, 3, size, size]},
-                       {"name": BYTES_INPUT, "datatype": "BYTES", "shape": [-1]}],
-            "outputs": [{"name": name, "datatype": "FP32", "shape": [-1, classes]} for name in OUTPUTS],
-            "parameters": {"version": str(number), "default_version": str(self.registry.latest),
-                           "labels": model.class_names, "provider": model.provider,
-                           "preprocess": model.preprocess.to_json(), "send_one_of": [TENSOR_INPUT, BYTES_INPUT]},
-        })
+        return JSONResponse(model_metadata(served.name, list(served.registry.versions), number, model))
 
     async def model_ready(self, request: Request) -> JSONResponse:
         try:
-            number, _ = self.model(request)
+            served, number, _ = self.model(request)
         except HTTPError as err:
             return _error(err.status, str(err))
-        ready = self.ready
-        return JSONResponse({"name": self.registry.name, "version": str(number), "ready": ready},
-                            status_code=200 if ready else 503)
+        return JSONResponse({"name": served.name, "version": str(number), "ready": served.ready},
+                            status_code=200 if served.ready else 503)
 
     async def infer(self, request: Request) -> Response:
         cfg = self.server.cfg
         with self.server.inflight.lease() as lease:  # the body and the tensors parsed from it, held until the answer
             try:
-                number, model = self.model(request)
-                body = await read_body(request, cfg.max_request_bytes, lease, copies=2, timeout_s=cfg.request_timeout_s)
-                parsed = codec.parse(body, request.headers.get(codec.HEADER))
-                images = await self._inputs(parsed, model)
-                scores = np.stack(await asyncio.gather(*(self.server.batcher.submit(model, x) for x in images)))
-                content, headers, kind = self._answer(parsed, model, number, scores)
+                served, number, model = self.model(request)
+
+                async def parsed() -> codec.Request:
+                    body = await read_body(request, cfg.max_request_bytes, lease, copies=2, timeout_s=cfg.request_timeout_s)
+                    return codec.parse(body, request.headers.get(codec.HEADER))
+
+                asked, answer = await infer(self.server, (served.name, number), model, parsed, INFER)
+                content, headers, kind = self._answer(asked, served.name, number, answer)
             except HTTPError as err:
                 return refusal(err)
             except Exception as err:  # the model itself failed: logged with its traceback, answered as a 500
@@ -125,42 +126,14 @@ class Protocol:
                 return _error(500, f"The model failed on this request ({type(err).__name__}); see the server log.")
         return Response(content, headers=headers, media_type=kind)
 
-    async def _inputs(self, parsed: codec.Request, model: OnnxClassifier) -> np.ndarray:
-        if len(parsed.inputs) != 1 or parsed.inputs[0].name not in (TENSOR_INPUT, BYTES_INPUT):
-            raise HTTPError(400, f'Send one input: "{TENSOR_INPUT}" (FP32 [N, 3, H, W]) or "{BYTES_INPUT}" (BYTES [N] encoded images).')
-        tensor, size, limit = parsed.inputs[0], model.image_size, self.server.cfg.max_images
-        wanted = "FP32" if tensor.name == TENSOR_INPUT else "BYTES"
-        if tensor.datatype != wanted:
-            raise HTTPError(400, f'Input "{tensor.name}" must have datatype {wanted}, not {tensor.datatype}.')
-        n = tensor.shape[0]
-        if n > limit:
-            raise HTTPError(413, f"The request holds {n} images, more than the {limit} this server accepts.")
-        if n < 1:
-            raise HTTPError(400, "The request holds no image.")
-        if wanted == "FP32":
-            if tensor.shape != [n, 3, size, size]:
-                raise HTTPError(400, f'Input "{TENSOR_INPUT}" must have shape [N, 3, {size}, {size}], not {tensor.shape}.')
-            return np.ascontiguousarray(tensor.data, dtype=np.float32)
-        if len(tensor.shape) != 1:
-            raise HTTPError(400, f'Input "{BYTES_INPUT}" must have shape [N]: one encoded image per element.')
-        images = [(f"#{i}", bytes(data)) for i, data in enumerate(tensor.data)]
-        decoded = await decode_within(model.preprocess, images, self.server.cfg.request_limits, self.server.budget)
-        self.metrics.images_decoded(INFER, len(decoded))
-        return model.preprocess.to_input(list(decoded))
-
-    def _answer(self, parsed: codec.Request, model: OnnxClassifier, number: int, scores: np.ndarray) -> tuple[bytes, dict, str]:
-        values = {"logits": scores.astype(np.float32), "probabilities": softmax(scores.astype(np.float64)).astype(np.float32)}
-        wanted = parsed.outputs or [codec.Wanted(name, parsed.binary_default) for name in OUTPUTS]
+    @staticmethod
+    def _answer(parsed: codec.Request, name: str, number: int, answer: list[tuple[codec.Wanted, np.ndarray]]) -> tuple[bytes, dict, str]:
         outs, parts = [], []
-        for want in wanted:
-            if want.name not in values:
-                raise HTTPError(400, f"Output {want.name!r} is not an output of this model; ask for {' or '.join(OUTPUTS)}.")
-            k = want.classification or parsed.classification
-            tensor = codec.classify(values[want.name], k, model.class_names) if k else values[want.name]
+        for want, tensor in answer:
             out, raw = codec.output(want.name, tensor, want.binary)
             outs.append(out)
             parts.append(raw)
-        header: dict[str, Any] = {"model_name": self.registry.name, "model_version": str(number), "outputs": outs}
+        header: dict[str, Any] = {"model_name": name, "model_version": str(number), "outputs": outs}
         if parsed.id is not None:
             header["id"] = parsed.id
         return codec.response(header, parts)
@@ -171,6 +144,7 @@ class Protocol:
             Route("/v2/health/live", self.live, methods=["GET"]),
             Route("/v2/health/ready", self.server_ready, methods=["GET"]),
             Route("/v2", self.server_metadata, methods=["GET"]),
+            *Extensions(self.server).routes(),  # before {name}: /v2/models/stats is not a model
             Route(models, self.model_metadata, methods=["GET"]),
             Route(versioned, self.model_metadata, methods=["GET"]),
             Route(f"{models}/ready", self.model_ready, methods=["GET"]),
@@ -180,31 +154,10 @@ class Protocol:
             Route("/metrics", self.metrics.endpoint, methods=["GET"]),
         ]
 
-    def versions(self) -> list[tuple[str, int, bool]]:
-        """(model, version, default) of every version served (for the metrics)."""
-        listed = dict(self.registry.versions)
-        top = max(listed) if listed else None
-        return [(self.registry.name, n, n == top) for n in sorted(listed)]
-
-    async def keep_synced(self, interval_s: float) -> None:
-        """Follow the server's reloads: list the new step's version (and any other new kept step)."""
-        loop = asyncio.get_running_loop()
-        while True:
-            loaded = self.server.loaded
-            if loaded is not None and loaded is not self.registry.synced:
-                try:
-                    await loop.run_in_executor(None, self.registry.sync, loaded)
-                    self.registry.failing = None
-                except SbcliError as err:
-                    logger.warning("Kept the versions served: %s could not be listed in full (%s)", self.registry.source, err)
-                    self.registry.failing = str(err)
-                    self.registry.synced = loaded  # tried once; the next reload tries again
-            await asyncio.sleep(interval_s)
-
 
 @dataclass
 class Mounted:
-    """What :func:`mount` adds to an app: routes, the metrics middleware's state, the task that follows reloads."""
+    """What :func:`mount` adds to an app: routes, the metrics middleware's state, the task that lists versions."""
 
     protocol: Protocol
     routes: list[Route]
@@ -215,17 +168,20 @@ class Mounted:
 
     def follow(self) -> asyncio.Task:
         """Start listing versions (the first listing warms every model); call inside the event loop."""
-        interval = self.protocol.server.cfg.reload_interval_s or 0.5
-        return asyncio.get_running_loop().create_task(self.protocol.keep_synced(min(interval, 0.5)))
+        server = self.protocol.server
+        interval = min(server.cfg.reload_interval_s or 0.5, 0.5)
+        return asyncio.get_running_loop().create_task(server.models.follow(interval))
 
 
 def mount(server: Any) -> Mounted:
-    """The protocol's routes and ``/metrics`` over ``server``; its batcher reports to the metrics."""
-    cfg = server.cfg
-    registry = Registry(server.source, cfg.provider, cfg.threads, cfg.gpu(), cfg.exporter)
-    holder: list[Protocol] = []
-    metrics = Metrics(versions=lambda: holder[0].versions() if holder else [])
-    protocol = Protocol(server, registry, metrics)
-    holder.append(protocol)
-    server.batcher.observer = metrics.observe_batch
+    """The protocol's routes and ``/metrics`` over ``server``; its batcher reports to the metrics and the statistics."""
+    metrics = Metrics(versions=server.models.versions, book=server.stats, pending=lambda: server.batcher.pending,
+                      waiting=lambda: server.batcher.waiting)
+
+    def observe(key: Any, size: int, waits: list[float], seconds: float) -> None:
+        metrics.observe_batch(size, waits, seconds)
+        server.stats.executed(key, size, waits, seconds)
+
+    server.batcher.observer = observe
+    protocol = Protocol(server, metrics)
     return Mounted(protocol, protocol.routes())

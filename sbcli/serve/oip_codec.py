@@ -76,7 +76,7 @@ def split(body: bytes, header_length: str | None) -> tuple[Any, memoryview]:
         raise HTTPError(400, f"The inference request is not valid JSON ({str(err)[:120]}).") from err
 
 
-def _count(shape: Any, name: str) -> int:
+def count(shape: Any, name: str) -> int:
     """The elements ``shape`` holds, at most :data:`MAX_ELEMENTS`.
 
     The product is taken in Python's exact integers and bounded before numpy sees the shape: in int64
@@ -90,7 +90,8 @@ def _count(shape: Any, name: str) -> int:
     return count
 
 
-def _bytes_elements(raw: memoryview, name: str) -> list[bytes]:
+def bytes_elements(raw: memoryview, name: str) -> list[bytes]:
+    """The elements of a BYTES tensor in binary: each a 4-byte little-endian length, then its bytes."""
     out, at = [], 0
     while at < len(raw):
         if at + 4 > len(raw):
@@ -126,38 +127,58 @@ def _flatten(data: Any) -> list[Any]:
     return out
 
 
+def fp32_raw(name: str, shape: list[int], raw: memoryview | bytes) -> Tensor:
+    """An FP32 tensor from its little-endian bytes (HTTP's binary data, gRPC's raw contents)."""
+    n = count(shape, name)
+    if len(raw) != 4 * n:
+        raise HTTPError(400, f'Input "{name}" has {len(raw)} bytes of data; its shape {shape} needs {4 * n}.')
+    return Tensor(name, "FP32", shape, np.frombuffer(raw, dtype="<f4").astype(np.float32).reshape(shape))
+
+
+def fp32_values(name: str, shape: list[int], values: Any) -> Tensor:
+    """An FP32 tensor from its values (JSON's nested lists, gRPC's typed contents), in row-major order."""
+    n = count(shape, name)
+    try:
+        data = np.asarray(_flatten(values), dtype=np.float32)
+    except (TypeError, ValueError) as err:
+        raise HTTPError(400, f'The data of input "{name}" are not numbers.') from err
+    if data.size != n:
+        raise HTTPError(400, f'Input "{name}" has {data.size} values; its shape {shape} needs {n}.')
+    return Tensor(name, "FP32", shape, data.reshape(shape))
+
+
+def bytes_tensor(name: str, shape: list[int], items: list[bytes]) -> Tensor:
+    """A BYTES tensor of ``items``, as many as its shape holds."""
+    n = count(shape, name)
+    if len(items) != n:
+        raise HTTPError(400, f'Input "{name}" has {len(items)} elements; its shape {shape} needs {n}.')
+    return Tensor(name, "BYTES", shape, items)
+
+
+def refuse_datatype(name: str, datatype: Any) -> HTTPError:
+    return HTTPError(400, f'Input "{name}" has datatype {datatype!r}; this model takes FP32 or BYTES.')
+
+
 def _input(spec: Any, binary: memoryview, at: int) -> tuple[Tensor, int]:
     if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
         raise HTTPError(400, 'Every input needs a "name", a "shape", a "datatype" and "data" (or binary data).')
-    name, datatype = spec["name"], spec.get("datatype")
-    count = _count(spec.get("shape"), name)
+    name, datatype, shape = spec["name"], spec.get("datatype"), spec.get("shape")
+    n = count(shape, name)
     params = spec.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, dict) else None
+    if datatype not in ("FP32", "BYTES"):
+        raise refuse_datatype(name, datatype)
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool) or size < 0 or at + size > len(binary)):
+        raise HTTPError(400, f'Input "{name}" says {size} binary bytes, more than the body holds.')
     if datatype == "FP32":
         if size is not None:
-            if not isinstance(size, int) or at + size > len(binary) or size != 4 * count:
-                raise HTTPError(400, f'Input "{name}" says {size} binary bytes; its shape needs {4 * count} and the body must hold them.')
-            data = np.frombuffer(binary[at : at + size], dtype="<f4").astype(np.float32)
-            return Tensor(name, datatype, spec["shape"], data.reshape(spec["shape"])), at + size
-        try:
-            data = np.asarray(_flatten(spec.get("data")), dtype=np.float32)
-        except (TypeError, ValueError) as err:
-            raise HTTPError(400, f'The data of input "{name}" are not numbers.') from err
-        if data.size != count:
-            raise HTTPError(400, f'Input "{name}" has {data.size} values; its shape {spec["shape"]} needs {count}.')
-        return Tensor(name, datatype, spec["shape"], data.reshape(spec["shape"])), at
-    if datatype == "BYTES":
-        if size is not None:
-            if not isinstance(size, int) or at + size > len(binary):
-                raise HTTPError(400, f'Input "{name}" says {size} binary bytes, more than the body holds.')
-            items = _bytes_elements(binary[at : at + size], name)
-            at += size
-        else:
-            items = [_b64(v, name, i) for i, v in enumerate(_flatten(spec.get("data")))]
-        if len(items) != count:
-            raise HTTPError(400, f'Input "{name}" has {len(items)} elements; its shape {spec["shape"]} needs {count}.')
-        return Tensor(name, datatype, spec["shape"], items), at
-    raise HTTPError(400, f'Input "{name}" has datatype {datatype!r}; this model takes FP32 or BYTES.')
+            if size != 4 * n:
+                raise HTTPError(400, f'Input "{name}" says {size} binary bytes; its shape needs {4 * n} and the body must hold them.')
+            return fp32_raw(name, shape, binary[at : at + size]), at + size
+        return fp32_values(name, shape, spec.get("data")), at
+    if size is not None:
+        return bytes_tensor(name, shape, bytes_elements(binary[at : at + size], name)), at + size
+    return bytes_tensor(name, shape, [_b64(v, name, i) for i, v in enumerate(_flatten(spec.get("data")))]), at
 
 
 def _classification(params: dict, where: str) -> int:

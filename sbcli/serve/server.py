@@ -1,5 +1,7 @@
-"""Start ``sb serve``: check and load the model once, then uvicorn (one process, or ``--workers`` N
-processes sharing the port, each with its own model, batcher and reload watcher).
+"""Start ``sb serve``: check and load the models once, then uvicorn (one process, or ``--workers`` N
+processes sharing the port, each with its own models, batcher and reload watcher), and with
+``--grpc-port`` the gRPC protocol in the same event loop (each worker on the same port: gRPC sets
+SO_REUSEPORT, so the kernel spreads connections over the workers).
 
 Stack: Starlette (routing, multipart via python-multipart) on uvicorn (the ASGI server). Both are
 small, pure-Python, widely used and maintained; uvicorn's ``workers`` gives several processes on
@@ -7,8 +9,8 @@ one port without a separate process manager. uvicorn runs with :class:`sbcli.ser
 (deadlines and a connection limit) and with sbcli's log lines as plain lines beside its own.
 
 Every option is checked before the model loads, each refusal one sentence naming the option:
-numbers finite and in range, threads and workers at most the CPU cores, and the address one
-this process can listen on.
+numbers finite and in range, threads and workers at most the CPU cores, the addresses ones this
+process can listen on, the models' names distinct, and grpcio installed when gRPC is asked for.
 """
 
 from __future__ import annotations
@@ -34,8 +36,10 @@ MAX_INFLIGHT_MB = 65536.0
 MAX_WAIT_MS = 60_000.0  # a longer wait to fill a batch only delays every answer
 MAX_RELOAD_INTERVAL_S = 86_400.0
 MIN_REQUEST_TIMEOUT_S, MAX_REQUEST_TIMEOUT_S = 0.01, 3600.0
+MAX_QUEUE = 1_000_000  # requests waiting at once; each holds its decoded images, so far fewer fit in memory
 
 SERVER_HINT = 'install the ONNX extra, which holds the server: pip install "sbcli[onnx]" (or "sbcli[onnx-gpu]")'
+GRPC_HINT = 'install the gRPC extra: pip install "sbcli[grpc]" (grpcio and the protocol\'s messages from tritonclient)'
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,15 @@ class Listen:
     port: int = 8000
     workers: int = 1
     log_level: str = "warning"
+    grpc_port: int | None = None  # the gRPC protocol's port (None: HTTP only)
+
+    @property
+    def grpc_listen(self) -> str | None:
+        """``host:port`` for grpcio (an IPv6 host in brackets), or None."""
+        if self.grpc_port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.grpc_port}"
 
 
 def cpu_cores() -> int:
@@ -88,6 +101,7 @@ def check(cfg: ServeConfig, listen: Listen) -> None:
     if cfg.gpu() is not None:
         cfg.gpu().check(cfg.provider)
     check_processes(cfg, listen)
+    check_grpc(listen)
     check_batching(cfg)
     check_bytes(cfg)
     check_pixels(cfg.max_image_pixels, cfg.max_request_pixels)
@@ -105,13 +119,28 @@ def check_processes(cfg: ServeConfig, listen: Listen) -> None:
         at_most_cores("--threads", cfg.threads, cores, "more onnxruntime threads than cores only wait for each other")
 
 
+def check_grpc(listen: Listen) -> None:
+    """A gRPC port in range and not the HTTP one, and grpcio with the protocol's messages installed."""
+    if listen.grpc_port is None:
+        return
+    within("--grpc-port", listen.grpc_port, 1, 65535)
+    if listen.grpc_port == listen.port:
+        raise ConfigError(f"--grpc-port must differ from --port ({listen.port}): each protocol needs its own port.")
+    try:
+        import grpc  # noqa: F401
+        from tritonclient.grpc import service_pb2  # noqa: F401
+    except ImportError as err:
+        raise ExportError(f"--grpc-port needs grpcio; {GRPC_HINT}.") from err
+
+
 def check_batching(cfg: ServeConfig) -> None:
     within("--top-k", cfg.top_k, 1)
     within("--max-images", cfg.max_images, 1)
     within("--max-batch-size", cfg.max_batch_size, 1)
     within("--max-wait-ms", cfg.max_wait_ms, 0, MAX_WAIT_MS)
+    within("--max-queue", cfg.max_queue, 1, MAX_QUEUE)
     within("--reload-interval", cfg.reload_interval_s, 0, MAX_RELOAD_INTERVAL_S)
-    BatchConfig(cfg.max_batch_size, cfg.max_wait_ms)
+    BatchConfig(cfg.max_batch_size, cfg.max_wait_ms, cfg.max_queue)
 
 
 def check_bytes(cfg: ServeConfig) -> None:
@@ -138,11 +167,18 @@ def check_connections(cfg: ServeConfig) -> None:
 
 
 def check_address(listen: Listen) -> None:
-    """Refuse a --host that does not resolve, or an address and port this process cannot listen on.
+    """Refuse a --host that does not resolve, or an address and port (HTTP, and gRPC) this process cannot listen on.
 
     It binds the way uvicorn will (SO_REUSEADDR, so a port in TIME_WAIT is free), and lets go: a
     mistyped host or a port in use is one sentence before the model loads, not uvicorn's message after.
     """
+    for port, flag in ((listen.port, "--port"), (listen.grpc_port, "--grpc-port")):
+        if port is not None:
+            probe_address(listen.host, port, flag)
+
+
+def probe_address(host: str, port: int, flag: str) -> None:
+    listen = Listen(host, port)
     family = socket.AF_INET6 if ":" in listen.host else socket.AF_INET
     try:
         socket.getaddrinfo(listen.host, listen.port, family, socket.SOCK_STREAM)
@@ -156,7 +192,7 @@ def check_address(listen: Listen) -> None:
             probe.bind((listen.host, listen.port))
         except OSError as err:
             raise ConfigError(f"Cannot listen on {listen.host}:{listen.port} ({err.strerror or err}); "
-                              "choose another --host or --port.") from err
+                              f"choose another --host or {flag}.") from err
 
 
 def check_pixels(image: int, request: int) -> None:
@@ -170,7 +206,7 @@ def check_pixels(image: int, request: int) -> None:
 
 
 def prepare(cfg: ServeConfig, listen: Listen) -> Server:
-    """Check the options and load the model (exporting a learner to the cache): errors before binding."""
+    """Check the options and load the models (exporting learners to the cache): errors before binding."""
     try:
         import starlette  # noqa: F401
         import uvicorn  # noqa: F401
@@ -211,11 +247,14 @@ def run(server: Server, listen: Listen) -> None:
     """Serve until interrupted."""
     import uvicorn
 
+    options = uvicorn_options(listen, server.cfg)
+    if server.cfg.grpc_listen:
+        options["loop"] = "asyncio"  # grpc.aio shares uvicorn's loop: the standard one, whatever uvloop is installed
     if listen.workers == 1:
-        uvicorn.run(create_app(server), **uvicorn_options(listen, server.cfg))
+        uvicorn.run(create_app(server), **options)
         return
     os.environ[CONFIG_ENV] = server.cfg.to_env()  # each worker process builds its app from it
-    uvicorn.run("sbcli.serve.app:app_from_env", factory=True, workers=listen.workers, **uvicorn_options(listen, server.cfg))
+    uvicorn.run("sbcli.serve.app:app_from_env", factory=True, workers=listen.workers, **options)
 
 
 def describe(server: Server) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """What ``sb serve`` serves, and its reload: an ``.onnx`` file, a Triton model folder written by
 ``sb export --format triton`` (its latest numbered version), or a learner directory exported to a
-cached ONNX file by the exporter its caller names (only that export imports torch).
+cached ONNX file by the exporter its caller names (only that export imports torch); a Triton model
+repository (a folder of Triton model folders) stands for every model in it (:func:`expand`).
 
 The watcher polls a signature (the file's, or the learner's ``learner.json``: its commit point):
 when it changed and stayed the same for one more poll (so a file still being written is not
@@ -13,6 +14,8 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +40,42 @@ def triton_versions(folder: Path) -> dict[int, Path]:
 
 def is_triton_model(path: Path) -> bool:
     return path.is_dir() and bool(triton_versions(path))
+
+
+def repository_models(folder: Path) -> dict[str, Path]:
+    """The Triton model folders of a model repository (``NAME/config.pbtxt`` beside ``NAME/N/model.onnx``), by
+    name; hidden folders (an export still being written) are not models."""
+    if not folder.is_dir() or (folder / "config.pbtxt").is_file() or (folder / "learner.json").is_file():
+        return {}
+    return {d.name: d for d in sorted(folder.iterdir()) if not d.name.startswith(".") and is_triton_model(d)}
+
+
+def is_triton_repository(path: Path) -> bool:
+    return bool(repository_models(path))
+
+
+def model_name(source: Path) -> str:
+    """The protocol's model name: the learner's or Triton folder's name, or the .onnx file's stem."""
+    raw = source.resolve().name if source.is_dir() else source.stem
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip(".-") or "sbcli-model"
+
+
+def expand(sources: Sequence[Path]) -> dict[str, Path]:
+    """Every model the sources name, by name, in the order given (a repository's models by name).
+
+    Raises:
+        ConfigError: a source is none of what can be served, or two sources would serve models of one name.
+    """
+    found: dict[str, Path] = {}
+    for source in map(Path, sources):
+        for path in list(repository_models(source).values()) or [source]:
+            check_source(path)
+            name = model_name(path)
+            if name in found:
+                raise ConfigError(f"Two models would be served as {name!r} ({found[name]} and {path}); "
+                                  "serve them from folders or files of different names.")
+            found[name] = path
+    return found
 
 
 def signature(source: Path) -> Signature:
@@ -81,7 +120,7 @@ def check_source(source: Path) -> None:
     """Raises ConfigError when ``source`` is neither an .onnx file nor a learner directory."""
     if not (is_onnx(source) or is_learner(source) or is_triton_model(source)):
         raise ConfigError(f"{source} is neither a learner directory (with learner.json) nor an .onnx file (nor a Triton "
-                          "model folder from `sb export --format triton`); give one of those.")
+                          "model folder or model repository from `sb export --format triton`); give one of those.")
 
 
 @dataclass

@@ -13,7 +13,6 @@ call) before it is listed, so ``ready`` means a request will not wait for a firs
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,13 +20,7 @@ from typing import Any
 import numpy as np
 
 from sbcli.serve.model import OnnxClassifier, is_learner, open_onnx
-from sbcli.serve.source import Loaded, exporter_of, is_triton_model, triton_versions
-
-
-def model_name(source: Path) -> str:
-    """The protocol's model name: the learner's or Triton folder's name, or the .onnx file's stem."""
-    raw = source.resolve().name if source.is_dir() else source.stem
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", raw).strip(".-") or "sbcli-model"
+from sbcli.serve.source import Loaded, exporter_of, is_triton_model, model_name, triton_versions
 
 
 def step_of(model: OnnxClassifier, fallback: int) -> int:
@@ -77,6 +70,10 @@ class Registry:
         if not version.isdigit() or int(version) not in self.versions:
             raise KeyError(f"version {version} is not served (versions: {', '.join(map(str, sorted(self.versions)))})")
         return int(version), self.versions[int(version)]
+
+    def number(self, model: OnnxClassifier) -> int:
+        """The version ``model`` is served as (before the first listing: the step it was exported from)."""
+        return next((n for n, m in self.versions.items() if m is model), step_of(model, 1))
 
     def sync(self, loaded: Loaded) -> None:
         """Serve what ``loaded`` (the model ``/predict`` now serves) and its source hold; blocking (exports, loads)."""
