@@ -38,7 +38,7 @@ def run(out: Path, name: str, seed: int, options: str, threads: int) -> None:
     (out / f"{name}-s{seed}.seconds").write_text(f"{seconds:.1f}\n")
 
 
-def history(learner: Path) -> list[dict]:
+def history(learner: Path) -> list:
     from sbcli.learner.state import read_state
 
     return read_state(learner).history
@@ -56,11 +56,11 @@ def report(out: Path, names: list[str], seeds: list[int]) -> str:
         secs, lasts, avgs, cells, forgetting = [], [], [], [], []
         for seed, learner in found:
             h = history(learner)
-            m = h[-1]["metrics"]
+            m = h[-1].metrics
             secs.append((out / f"{name}-s{seed}.seconds").read_text().strip())
-            lasts.append(m["overall"])
-            avgs.append(sum(x["metrics"]["overall"] for x in h[1:]) / max(1, len(h) - 1))
-            cells.append(f"{m['overall']:.1f} ({m['old']:.1f} / {m['new']:.1f})")
+            lasts.append(m.overall)
+            avgs.append(sum(x.metrics.overall for x in h[1:]) / max(1, len(h) - 1))
+            cells.append(f"{m.overall:.1f} ({m.old:.1f} / {m.new:.1f})")
             forgetting.append(history_summary(h)["forgetting"])
         rows.append(f"| {name} | {', '.join(secs)} | {'; '.join(cells)} | {sum(lasts) / len(lasts):.1f} | "
                     f"{sum(avgs) / len(avgs):.1f} | {sum(forgetting) / len(forgetting):.1f} |")
@@ -77,10 +77,10 @@ def details(out: Path, names: list[str], seeds: list[int]) -> str:
             if not (out / f"{name}-s{seed}.seconds").is_file():
                 continue
             h = history(learner)
-            intra = [x["metrics"]["intra_old"] for x in h[1:]]
-            balance = [f"{x['record']['before_balance']['overall']:.2f} -> {x['metrics']['overall']:.2f}"
-                       for x in h if "before_balance" in x.get("record", {})]
-            picked = [(p["selected_epoch"], p["epochs"]) for x in h for p in x["phases"] if "selected_epoch" in p]
+            intra = [x.metrics.intra_old for x in h[1:]]
+            balance = [f"{x.record['before_balance']['overall']:.2f} -> {x.metrics.overall:.2f}"
+                       for x in h if "before_balance" in x.record]
+            picked = [(p["selected_epoch"], p["epochs"]) for x in h for p in x.phases if "selected_epoch" in p]
             line = f"{name}-s{seed}: intra-old {min(intra):.1f}-{max(intra):.1f}"
             if balance:
                 line += "; before -> after balancing " + ", ".join(balance)

@@ -29,20 +29,24 @@ import torch
 
 from sbcli.engine.loop import TrainConfig
 from sbcli.export.onnx import OnnxConfig, export_onnx, ort_session, serving_model
+from sbcli.learner.records import MemorySettings, Provenance, StepRecord
 from sbcli.learner.state import Learner, LearnerState
 from sbcli.methods import build_config
 from sbcli.methods.memory import ExemplarMemory
+from sbcli.metrics import StepMetrics
 from sbcli.nets import create_model
 
 
 def random_learner(width: float, classes: int, size: int) -> Learner:
     """An STD+WA learner of ``classes`` classes in one step, random weights, 64 random exemplars."""
+    nan = float("nan")  # never evaluated
     state = LearnerState(arch="resnet18", width=width, image_size=size,
                          normalization={"mean": [0.5071, 0.4867, 0.4408], "std": [0.2675, 0.2565, 0.2761]},
                          method="std", method_config=build_config("std", {}), train_config=TrainConfig(),
-                         memory={"budget": 64, "selection": "random", "seed": 0}, seed=0,
+                         memory=MemorySettings(64), seed=0,
                          class_names=[f"c{i}" for i in range(classes)], class_task=[0] * classes,
-                         history=[{"step": 1}], provenance={"dataset": "random (benchmark)"})
+                         history=[StepRecord(1, classes, StepMetrics(nan, [nan], nan, nan, nan, nan))],
+                         provenance=Provenance(dataset="random (benchmark)"))
     memory = ExemplarMemory(64)
     memory.images = torch.randint(0, 256, (64, 3, size, size), dtype=torch.uint8)
     memory.labels = torch.arange(64) % classes

@@ -64,17 +64,16 @@ def learner_results(path: Path) -> dict:
     state = read_state(path)
     steps = []
     for h in state.history:
-        m = h["metrics"]
-        rec = h.get("record", {})
-        steps.append({"classes": h["num_classes"], "overall": m["overall"], "old": m["old"], "new": m["new"],
-                      "intra_old": m.get("intra_old"), "intra_new": m.get("intra_new"), "seconds": h.get("seconds"),
+        m, rec = h.metrics, h.record
+        steps.append({"classes": h.num_classes, "overall": m.overall, "old": m.old, "new": m.new,
+                      "intra_old": m.intra_old, "intra_new": m.intra_new, "seconds": h.seconds,
                       "phases": [{k: p.get(k) for k in ("name", "epochs", "final_loss", "seconds", "images_per_s",
-                                                        "precision", "best_epoch")} for p in h.get("phases", [])],
+                                                        "precision", "best_epoch")} for p in h.phases],
                       "wa_factor": rec.get("wa_factor"),
                       **{k: {kk: rec[k].get(kk) for kk in ("overall", "old", "new")}
                          for k in ("before_wa", "before_balance", "after_B", "after_C") if isinstance(rec.get(k), dict)}})
     return {"steps": steps, "train_config": dataclasses.asdict(state.train_config), "method": state.method,
-            "pretrained": (getattr(state, "provenance", None) or {}).get("pretrained")}
+            "pretrained": state.provenance.pretrained}
 
 
 @dataclass

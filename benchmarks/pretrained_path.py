@@ -101,6 +101,7 @@ def run_options(name: str, backbone: Path, args: argparse.Namespace, seed: int):
 def run_one(name: str, backbone: Path, tasks: list[tuple[Path, Path]], out: Path, args: argparse.Namespace,
             seed: int) -> dict:
     from sbcli import api
+    from sbcli.learner.records import StepRecord
     from sbcli.metrics import history_summary
 
     (train1, test1), later = tasks[0], tasks[1:]
@@ -114,7 +115,7 @@ def run_one(name: str, backbone: Path, tasks: list[tuple[Path, Path]], out: Path
         api.add_task(out, train_dir, test_dir, device="cpu")
         add_seconds.append(round(time.perf_counter() - start, 2))
     history = json.loads((out / "learner.json").read_text())["history"]
-    return {"method": name, "seed": seed, "summary": history_summary(history),
+    return {"method": name, "seed": seed, "summary": history_summary([StepRecord.from_json(h) for h in history]),
             "overall": [h["metrics"]["overall"] for h in history], "first_task_s": round(first, 2),
             "add_task_s": add_seconds, "settings": {k: getattr(args, k) for k in ("arch", "width", "epochs", "lr",
                                                                                  "memory", "per_class", "tasks")}}

@@ -147,7 +147,7 @@ def run_one(method: str, tasks: int, seed: int, folders: tuple[Path, Path], args
     tag = f"{method}{args.std_step_epochs}" if method == "std-long" else method
     out = args.work / "runs" / f"{tag}-T{tasks}-seed{seed}"
     if (out / "learner.json").is_file() and read_state(out).steps == tasks:
-        return [h["metrics"]["overall"] for h in read_state(out).history]
+        return [h.metrics.overall for h in read_state(out).history]
     options = {"inference": "wa"} | (sb_options(tasks, args) if method == "sb" else {})
     seq = api.SequenceOptions(source=str(folders[0]), test=str(folders[1]), image_size=args.image_size, tasks=tasks,
                               order_seed=args.order_seed)
@@ -164,7 +164,7 @@ def run_one(method: str, tasks: int, seed: int, folders: tuple[Path, Path], args
             set_later_epochs(out, args.std_step_epochs)
     learner = api.train(seq, run, out, resume=(out / "learner.json").is_file())
     print(f"  {method:8s} T={tasks:<3d} seed {seed}: {time.perf_counter() - start:7.1f} s", file=sys.stderr, flush=True)
-    return [h["metrics"]["overall"] for h in learner.state.history]
+    return [h.metrics.overall for h in learner.state.history]
 
 
 def mean_sd(values: list[float]) -> str:

@@ -92,13 +92,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         learner = api.train(seq, run, Path(tmp) / "learner")
     history = learner.state.history
-    overall = [h["metrics"]["overall"] for h in history]
+    overall = [h.metrics.overall for h in history]
     print(json.dumps({
         "seed": args.seed, "init": args.init, "warmup_epochs": cfg.warmup_epochs, "zero_init": cfg.zero_init_residual,
         "method": args.method, "steps": steps, "lr": args.lr, "memory": args.memory, "first": overall[0], "overall": overall,
-        "old": [h["metrics"]["old"] for h in history], "new": [h["metrics"]["new"] for h in history],
+        "old": [h.metrics.old for h in history], "new": [h.metrics.new for h in history],
         "avg_2_to_T": sum(overall[1:]) / max(1, len(overall) - 1), "avg_1_to_T": sum(overall) / len(overall),
-        "first_losses": [p["final_loss"] for p in history[0]["phases"]], "seconds": round(time.perf_counter() - start, 1),
+        "first_losses": [p["final_loss"] for p in history[0].phases], "seconds": round(time.perf_counter() - start, 1),
     }), flush=True)
 
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import json
 import os
 import random
@@ -102,8 +103,8 @@ def next_writer_cleans(learner: Path) -> bool:
         state, name = current.state, f"next-writer-{current.state.steps + 1}"
         state.class_names.append(name)
         state.class_task.append(state.steps)
-        state.tasks.append(dict(state.tasks[-1], classes=[name]))
-        state.history.append(dict(state.history[-1], step=state.steps + 1, num_classes=len(state.class_names)))
+        state.tasks.append(dataclasses.replace(state.tasks[-1], classes=[name]))
+        state.history.append(dataclasses.replace(state.history[-1], step=state.steps + 1, num_classes=len(state.class_names)))
         current.model.expand_classes(1)
         current.save(learner)
     return check(learner)[0] == "ok" and not check(learner)[2]

@@ -34,10 +34,10 @@ ZOO = ROOT / "zoo" / "learners" / "demo-sb-tiny"
 
 def build(folder: Path, exemplars: int) -> Path:
     data = json.loads((ZOO / "learner.json").read_text(encoding="utf-8"))
-    state = LearnerState(**{**data, "width": 1.0, "image_size": 32, "format_version": 3,
-                            "memory": {**data["memory"], "budget": exemplars}})
+    state = LearnerState.from_json({**data, "width": 1.0, "image_size": 32, "format_version": 3,
+                                    "memory": {**data["memory"], "budget": exemplars}})
     model = create_model(state.arch, state.num_classes, state.width)
-    memory = ExemplarMemory(**state.memory)
+    memory = ExemplarMemory(state.memory.budget, state.memory.selection, state.memory.seed)
     gen = torch.Generator().manual_seed(0)
     memory.images = torch.randint(0, 256, (exemplars, 3, 32, 32), dtype=torch.uint8, generator=gen)
     memory.labels = torch.arange(exemplars) % state.num_classes

@@ -6,7 +6,9 @@ step t; entries with j > t are NaN. Nothing is rounded here: round at display ti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -45,6 +47,13 @@ class StepMetrics:
         out = {"overall": self.overall, "per_task": self.per_task, "old": self.old, "new": self.new,
                "intra_old": self.intra_old, "intra_new": self.intra_new}
         return out if self.counts is None else {**out, "counts": self.counts}
+
+    @classmethod
+    def from_json(cls, data: dict) -> StepMetrics:
+        """The metrics as ``learner.json`` keeps them (a learner written before the counts has none)."""
+        nan = float("nan")  # what a metric that was not measured reads as
+        return cls(data["overall"], data["per_task"], data.get("old", nan), data.get("new", nan),
+                   data.get("intra_old", nan), data.get("intra_new", nan), data.get("counts"))
 
 
 def step_metrics(scores: torch.Tensor, labels: torch.Tensor, task_of_class: list[int]) -> StepMetrics:
@@ -111,6 +120,13 @@ def summary(overall: list[float], per_task_rows: list[list[float]]) -> dict:
     }
 
 
-def history_summary(history: list[dict]) -> dict:
-    """:func:`summary` of a learner's stored history (one entry per step, with its ``metrics``)."""
-    return summary([h["metrics"]["overall"] for h in history], [h["metrics"]["per_task"] for h in history])
+class Step(Protocol):
+    """A learned step as a learner's history holds it (``sbcli.learner.records.StepRecord``): its metrics."""
+
+    @property
+    def metrics(self) -> StepMetrics: ...
+
+
+def history_summary(history: Sequence[Step]) -> dict:
+    """:func:`summary` of a learner's history (one record per step, with its ``metrics``)."""
+    return summary([h.metrics.overall for h in history], [h.metrics.per_task for h in history])

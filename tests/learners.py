@@ -13,9 +13,11 @@ import functools
 import torch
 
 from sbcli.engine.loop import TrainConfig
+from sbcli.learner.records import MemorySettings, Provenance, StepRecord, TaskRecord
 from sbcli.learner.state import Learner, LearnerState
 from sbcli.methods import build_config
 from sbcli.methods.memory import ExemplarMemory
+from sbcli.metrics import StepMetrics
 from sbcli.nets import create_model
 
 SIZE = 16
@@ -53,16 +55,15 @@ def _build(method: str, tasks: tuple[int, ...], exemplars: int, seed: int, size:
     torch.manual_seed(seed)
     names = [f"class_{i}" for i in range(sum(tasks))]
     owner = [t for t, n in enumerate(tasks) for _ in range(n)]
-    history = [{"step": t + 1, "num_classes": sum(tasks[: t + 1]),
-                "metrics": {"overall": 50.0, "per_task": [50.0] * (t + 1), "old": 40.0, "new": 60.0,
-                            "intra_old": 45.0, "intra_new": 70.0}, "phases": [], "record": {}, "seconds": 1.0}
+    history = [StepRecord(t + 1, sum(tasks[: t + 1]), StepMetrics(50.0, [50.0] * (t + 1), 40.0, 60.0, 45.0, 70.0),
+                          seconds=1.0)
                for t in range(len(tasks))]
     state = LearnerState(arch="resnet18", width=0.125, image_size=size, normalization=NORM, method=method,
                          method_config=build_config(method, {}), train_config=TrainConfig(epochs=1),
-                         memory={"budget": exemplars, "selection": "random", "seed": 0}, seed=0, class_names=names,
-                         class_task=owner, tasks=[{"classes": [n for n, t in zip(names, owner, strict=True) if t == i],
-                                                  "source": {"kind": "demo"}} for i in range(len(tasks))],
-                         history=history, provenance={"dataset": "synthetic", "sbcli_version": "test"})
+                         memory=MemorySettings(exemplars, "random", 0), seed=0, class_names=names,
+                         class_task=owner, tasks=[TaskRecord([n for n, t in zip(names, owner, strict=True) if t == i],
+                                                             {"kind": "demo"}) for i in range(len(tasks))],
+                         history=history, provenance=Provenance(dataset="synthetic", sbcli_version="test"))
     model = create_model("resnet18", len(names), 0.125)
     randomize(model, seed)
     memory = ExemplarMemory(exemplars, "random", 0)

@@ -12,8 +12,9 @@ from sbcli import api, bench
 from sbcli.cli.app import app
 from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError
+from sbcli.learner.records import StepRecord
 from sbcli.learner.state import read_state
-from sbcli.metrics import average_incremental
+from sbcli.metrics import StepMetrics, average_incremental
 
 
 @pytest.fixture(scope="module")
@@ -43,11 +44,11 @@ def test_bench_writes_the_table_from_its_cells(finished):
     assert [r["name"] for r in table["methods"]] == ["finetune", "std-wa"]
     for row in table["methods"]:
         history = read_state(out / "cells" / f"{row['name']}-T2").history
-        overall = [h["metrics"]["overall"] for h in history]
+        overall = [h.metrics.overall for h in history]
         cell = row["cells"]["2"]
         assert cell["avg_2_to_T"] == pytest.approx(average_incremental(overall, skip_first=True))
         assert cell["avg_1_to_T"] == pytest.approx(average_incremental(overall, skip_first=False))
-        assert cell["classes"] == [2, 4] and cell["intra_new"] == pytest.approx(history[1]["metrics"]["intra_new"])
+        assert cell["classes"] == [2, 4] and cell["intra_new"] == pytest.approx(history[1].metrics.intra_new)
     md = (out / "table.md").read_text()
     assert "| method | 2 tasks |" in md and "| STD + WA |" in md and "Steps 2..T" in md and "Steps 1..T" in md
     assert f"{table['methods'][1]['cells']['2']['avg_2_to_T']:.2f}" in md
@@ -156,7 +157,7 @@ def test_cli_bench_precision_is_part_of_the_budget_and_compile_is_not(colors, tm
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     history = read_state(out / "cells" / "std-wa-T2").history
-    assert {p["precision"] for h in history for p in h["phases"]} == {"fp32"}
+    assert {p["precision"] for h in history for p in h.phases} == {"fp32"}
     assert json.loads((out / "bench.json").read_text())["run"]["train"]["precision"] == "fp32"
     resumed = CliRunner().invoke(app, [*args, "--compile"])
     assert resumed.exit_code == 0 and "skipped 1 finished" in resumed.output
@@ -171,10 +172,9 @@ def test_rules_in_the_weights_record_no_second_accuracy(finished):
 
 
 def test_std_icarl_cells_show_the_network_output_beside_the_nearest_mean():
-    def step(rule: float, network: float, classes: int) -> dict:
-        metrics = {"overall": rule, "per_task": [rule], "old": rule, "new": rule, "intra_old": rule, "intra_new": rule}
-        return {"num_classes": classes, "metrics": metrics, "network_metrics": {**metrics, "overall": network,
-                                                                                 "per_task": [network]}}
+    def step(rule: float, network: float, classes: int) -> StepRecord:
+        metrics = StepMetrics(rule, [rule], rule, rule, rule, rule)
+        return StepRecord(classes // 2, classes, metrics, dataclasses.replace(metrics, overall=network, per_task=[network]))
 
     cell = bench.cell_summary([step(80.0, 70.0, 2), step(60.0, 40.0, 4)])
     assert (cell["avg_2_to_T"], cell["network"]["avg_2_to_T"]) == (60.0, 40.0)

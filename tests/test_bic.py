@@ -130,7 +130,7 @@ def test_std_bic_learner_keeps_its_correction_and_loads_it(four_colors, tmp_path
                          train=TrainConfig(epochs=1, batch_size=16), memory=40, device="cpu")
     seq = api.SequenceOptions(source=str(four_colors["train"]), test=str(four_colors["test"]), image_size=16, tasks=2)
     learner = api.train(seq, run, out)
-    record = learner.state.history[1]["record"]
+    record = learner.state.history[1].record
     assert {"bic_alpha", "bic_beta", "bic_val_accuracy_after"} <= set(record)
     assert record["bic_val_per_class"] == 1
     loaded = Learner.load(out)
@@ -138,7 +138,7 @@ def test_std_bic_learner_keeps_its_correction_and_loads_it(four_colors, tmp_path
     assert loaded.extra[bic.SCALE_KEY][2:].tolist() == pytest.approx([record["bic_alpha"]] * 2)
     assert set(loaded.model.state_dict()) == set(create_model("resnet18", 4, 0.125).state_dict())
     evaluated = api.evaluate(out, device="cpu")
-    assert evaluated["metrics"]["overall"] == pytest.approx(learner.state.history[-1]["metrics"]["overall"])
+    assert evaluated["metrics"]["overall"] == pytest.approx(learner.state.history[-1].metrics.overall)
 
 
 def test_bic_refuses_a_memory_too_small_to_hold_out(four_colors, tmp_path):

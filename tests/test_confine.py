@@ -117,7 +117,7 @@ def test_a_link_named_like_an_interrupted_save_is_never_followed(learner: Path, 
 def test_a_step_folder_that_vanishes_while_it_is_checked_is_not_an_error(tmp_path, monkeypatch):
     """A writer holding the lock may rename or remove a step folder while another command checks the
     learner (before that command asks for the lock): the check skips it, and the lock answers."""
-    from sbcli.learner.store import confine
+    from sbcli.learner.store import layout
 
     root = tmp_path / "learner"
     (root / "steps" / "0001").mkdir(parents=True)
@@ -129,5 +129,5 @@ def test_a_step_folder_that_vanishes_while_it_is_checked_is_not_an_error(tmp_pat
             raise FileNotFoundError(2, "No such file or directory", str(path))
         return real(path)
 
-    monkeypatch.setattr(confine.os, "scandir", vanishing)
-    assert confine.linked_entry(root) is None
+    monkeypatch.setattr(layout.os, "scandir", vanishing)
+    assert layout.linked_entry(root) is None

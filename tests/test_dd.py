@@ -42,7 +42,7 @@ def test_temporary_network_sees_the_new_task_alone():
 
 
 def test_config_refuses_other_inference_rules():
-    with pytest.raises(ConfigError, match="not available for dd"):
+    with pytest.raises(ConfigError, match="not available for --method dd"):
         build_config("dd", {"inference": "bic"})
 
 
@@ -69,6 +69,6 @@ def test_dd_step_trained_the_temporary_network_then_distilled(dd_learner):
     from sbcli.learner.state import read_state
 
     history = read_state(dd_learner).history
-    assert [p["name"] for p in history[1]["phases"]] == ["dd-new", "dd"]
-    assert history[1]["phases"][0]["epochs"] == 1
-    assert "wa_factor" in history[1]["record"]
+    assert [p["name"] for p in history[1].phases] == ["dd-new", "dd"]
+    assert history[1].phases[0]["epochs"] == 1
+    assert "wa_factor" in history[1].record

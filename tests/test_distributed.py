@@ -199,7 +199,7 @@ def test_torchrun_train_writes_a_learner_that_continues_in_one_process(color_dat
     assert "history.csv" in names and sorted(names - {"history.csv", "accuracy.png"}) == [".sbcli.lock", "learner.json", "steps"]  # rank 0's results
     learner = Learner.load(out)
     assert learner.state.format_version == FORMAT_VERSION and learner.state.steps == 2
-    assert [p["name"] for p in learner.state.history[1]["phases"]] == ["A", "B", "C", "balance"]  # balancing, under DDP
+    assert [p["name"] for p in learner.state.history[1].phases] == ["A", "B", "C", "balance"]  # balancing, under DDP
     assert len(learner.memory) == 8
     step = api.add_task(out, color_data["task2_train"], color_data["task2_test"], device="cpu", epochs=1)
     assert step.step == 3 and step.num_classes == 4
@@ -223,8 +223,8 @@ def test_torchrun_add_task_trains_data_parallel_and_rank_0_alone_writes_and_prin
     learner = Learner.load(out)
     assert learner.state.steps == 2 and learner.state.class_names[2:] == ["blue", "yellow"]
     assert len(learner.memory) == 8 and sorted(learner.memory.labels.unique().tolist()) == [0, 1, 2, 3]
-    assert [p["processes"] for p in learner.state.history[1]["phases"]] == [WORLD]
-    assert [p["processes"] for p in learner.state.history[0]["phases"]] == [1]
+    assert [p["processes"] for p in learner.state.history[1].phases] == [WORLD]
+    assert [p["processes"] for p in learner.state.history[0].phases] == [1]
 
 
 def test_a_torchrun_process_ends_with_its_code_and_its_output_flushed(monkeypatch, capsys):

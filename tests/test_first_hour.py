@@ -12,6 +12,7 @@ from sbcli.cli.app import app
 from sbcli.cli.progress import step_text
 from sbcli.cli.runs import closing_line, keeping_hint
 from sbcli.jsonutil import strict
+from sbcli.learner.records import MemorySettings, Provenance, StepRecord, TaskRecord
 from sbcli.metrics import StepMetrics
 from sbcli.run.steps import StepSummary
 
@@ -39,32 +40,30 @@ def test_version_flags():
         assert res.stdout.startswith(f"sbcli {__version__}"), args
 
 
-def metrics(overall: float, old: float = NAN, new: float = NAN) -> dict:
-    return {"overall": overall, "per_task": [overall], "old": old, "new": new, "intra_old": NAN, "intra_new": NAN}
+def metrics(overall: float, old: float = NAN, new: float = NAN) -> StepMetrics:
+    return StepMetrics(overall, [overall], old, new, NAN, NAN)
 
 
 def test_closing_sentences_say_in_words_what_is_missing():
-    untested = [{"step": 1, "num_classes": 2, "metrics": metrics(NAN)}]
+    untested = [StepRecord(1, 2, metrics(NAN))]
     assert "nan" not in closing_line(untested)
     assert "no test images" in closing_line(untested)
-    grown = [{"step": 1, "num_classes": 2, "metrics": metrics(90.0)},
-             {"step": 2, "num_classes": 4, "metrics": metrics(45.0, old=90.0, new=NAN)}]
+    grown = [StepRecord(1, 2, metrics(90.0)), StepRecord(2, 4, metrics(45.0, old=90.0, new=NAN))]
     line = closing_line(grown)
     assert "nan" not in line and "90.0 % on the 2 old classes" in line and "no test images of the 2 new ones" in line
-    both = [grown[0], {"step": 2, "num_classes": 4, "metrics": metrics(NAN, old=NAN, new=NAN)}]
+    both = [grown[0], StepRecord(2, 4, metrics(NAN, old=NAN, new=NAN))]
     assert "nan" not in closing_line(both)
     done = step_text(StepSummary(1, 2, StepMetrics(NAN, [NAN], NAN, NAN, NAN, NAN), 1.0))
     assert done == "step 1 done: 2 classes, no test images to measure it, in 1.0 s"
 
 
 def test_the_memory_hint_never_asks_for_exemplars_the_data_does_not_have():
-    history = [{"step": 1, "num_classes": 2, "metrics": metrics(90.0)},
-               {"step": 2, "num_classes": 4, "metrics": metrics(50.0, old=10.0, new=90.0)}]
-    tasks = [{"classes": ["a", "b"], "source": {"kind": "folder", "name": "x", "train": {"counts": [24, 24]}}},
-             {"classes": ["c", "d"], "source": {"kind": "folder", "name": "y", "train": {"counts": [24, 24]}}}]
-    small = keeping_hint(history, {"budget": 8}, {}, tasks)
+    history = [StepRecord(1, 2, metrics(90.0)), StepRecord(2, 4, metrics(50.0, old=10.0, new=90.0))]
+    tasks = [TaskRecord(["a", "b"], {"kind": "folder", "name": "x", "train": {"counts": [24, 24]}}),
+             TaskRecord(["c", "d"], {"kind": "folder", "name": "y", "train": {"counts": [24, 24]}})]
+    small = keeping_hint(history, MemorySettings(8), Provenance(), tasks)
     assert small is not None and "more exemplars" in small  # 2 a class of 24: more would help
-    full = keeping_hint(history, {"budget": 2000}, {}, tasks)
+    full = keeping_hint(history, MemorySettings(2000), Provenance(), tasks)
     assert full is not None and "more exemplars" not in full and "every training image" in full
 
 

@@ -42,7 +42,7 @@ def test_every_bundled_zoo_learner_pushes_with_sb_export(name: str, fake_hub: Fa
     state = read_state(pulled)
     assert f"{state.num_classes} classes learned in {state.steps} task steps" in card
     for task in state.tasks:
-        assert f"{task['source']['kind']}" in card
+        assert f"{task.source['kind']}" in card
 
 
 def test_a_learner_grown_from_the_zoo_pushes(fake_hub: FakeHub, color_data, tmp_path: Path) -> None:

@@ -82,7 +82,7 @@ def test_joint_sequence_sees_all_images_and_refuses_add_task(colors, tmp_path):
     run = api.RunOptions(method="joint", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=0, device="cpu")
     seq = api.SequenceOptions(source=str(colors["train"]), test=str(colors["test"]), image_size=16, tasks=2)
     learner = api.train(seq, run, out)
-    assert [h["record"]["joint_images"] for h in learner.state.history] == [48, 96]
+    assert [h.record["joint_images"] for h in learner.state.history] == [48, 96]
     before = {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     with pytest.raises(ConfigError, match="add-task"):
         api.add_task(out, colors["new_train"], device="cpu")

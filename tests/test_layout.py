@@ -5,11 +5,14 @@ Direction rules (each folder's job: README.md, "Layout"):
 - ``serve`` imports neither torch nor anything of sbcli above it (only itself, ``errors``,
   ``data.rgb`` and ``data.pixels``): an exported model is served with onnxruntime, numpy and Pillow;
 - ``data`` is below everything: it imports only itself, ``errors`` and ``atomic``;
+- ``watch`` (who watches a run: the watcher protocol, the experiment logs) imports only itself and
+  ``errors``: the engine tells its events through it, and the CLI composes its watchers before torch loads;
 - ``engine`` and ``nets`` never import ``methods``, ``run``, ``learner`` (nor anything above those);
 - ``methods`` never imports ``run``, ``learner``, ``export`` or the API (nor anything above those);
 - ``cli`` is thin: it calls the API and renders what comes back, so it imports nothing of ``run``,
   ``engine``, ``learner``, ``methods``, ``nets``, ``data`` or ``hub`` directly (what a front end needs
-  around a call is in ``api.frontend``), but for the two modules of :data:`EXCEPTIONS`;
+  around a call comes from the API; the watchers it composes from ``watch``), but for the two modules
+  of :data:`EXCEPTIONS`;
 - only ``cli`` imports typer or rich;
 - the root's modules are leaves below every folder (:data:`ROOT_LEAVES`): each imports only the
   other leaves named there (``registry`` imports ``errors``; the rest import nothing of sbcli);
@@ -69,6 +72,7 @@ ENTRY_POINTS = {"__main__": ("cli",)}  # `python -m sbcli` runs the CLI
 ONLY = {
     "serve": ("serve", "errors", "data.rgb", "data.pixels"),
     "data": ("data", "errors", "atomic"),
+    "watch": ("watch", "errors"),
     **ROOT_LEAVES,
     **ENTRY_POINTS,
 }
@@ -78,7 +82,8 @@ BY_NAME = {
 }
 TERMINAL_PACKAGES = {"typer", "rich", "click"}
 # top to bottom (README.md, "Layout"); below them the root's leaves (ROOT_LEAVES), then `sbcli` itself
-LAYERS = ("cli", "bench", "api", "run", "config", "hub", "export", "learner", "methods", "engine", "nets", "serve", "data")
+LAYERS = ("cli", "bench", "api", "run", "config", "hub", "export", "learner", "methods", "engine", "nets", "watch", "serve",
+          "data")
 KINDS = ("unplaced", "upward", "FORBIDDEN", "ONLY", "by name", "circle")
 IMPORTERS = {"import_module", "__import__"}  # importlib.import_module(x), import_module(x), __import__(x)
 
@@ -383,6 +388,8 @@ def test_the_checker_catches_an_import_outside_an_only_rule(tmp_path: Path) -> N
     root = fake_sbcli(tmp_path, {"data/catalog.py": "", "data/rgb.py": "",
                                  "serve/model.py": "from sbcli.data import rgb\nfrom sbcli.data.catalog import resolve\n"})
     assert only_kind(layout_errors(root), "ONLY") == ["sbcli.serve.model imports sbcli.data.catalog"]
+    root = fake_sbcli(tmp_path / "w", {"errors.py": "", "atomic.py": "", "watch/logs.py": "import sbcli.errors\nimport sbcli.atomic\n"})
+    assert only_kind(layout_errors(root), "ONLY") == ["sbcli.watch.logs imports sbcli.atomic"]
 
 
 def test_the_checker_catches_an_import_a_forbidden_rule_names(tmp_path: Path) -> None:
@@ -444,7 +451,7 @@ def test_the_direction_rules_catch_a_wrong_way_import() -> None:
 
 
 def test_the_cli_rule_catches_a_reach_past_the_api() -> None:
-    graph = {"sbcli.cli.add_task": {"sbcli.api", "sbcli.api.frontend", "sbcli.errors", "sbcli.run.plan", "sbcli.learner.store.lock"},
+    graph = {"sbcli.cli.add_task": {"sbcli.api", "sbcli.watch.logs", "sbcli.errors", "sbcli.run.plan", "sbcli.learner.store.lock"},
              "sbcli.cli.app": {"sbcli.engine.threads", "sbcli.engine.distributed"},
              "sbcli.cli._options": {"sbcli.defaults", "sbcli.methods.options", "sbcli.methods"},
              "sbcli.cli.train": {"sbcli.config.options", "sbcli.engine"}}

@@ -1,5 +1,6 @@
 """The learner on disk: format 2 round trip, format 1 still read, kept steps, file modes."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -38,8 +39,8 @@ def fake_step(learner: Learner, value: float) -> None:
     name = f"fake-{step + 1}-{len(state.class_names)}"
     state.class_names.append(name)
     state.class_task.append(step)
-    state.tasks.append({**state.tasks[-1], "classes": [name]})
-    state.history.append({**state.history[-1], "step": step + 1, "num_classes": len(state.class_names)})
+    state.tasks.append(dataclasses.replace(state.tasks[-1], classes=[name]))
+    state.history.append(dataclasses.replace(state.history[-1], step=step + 1, num_classes=len(state.class_names)))
     learner.model.expand_classes(1)
     with torch.no_grad():
         next(iter(learner.model.parameters())).view(-1)[0] = value

@@ -9,6 +9,7 @@ example); one test runs the CLI end to end (train, add-task, evaluate, ONNX, pus
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -65,7 +66,7 @@ def test_any_name_survives_the_data_layer_and_a_save_and_load(base: Learner, cla
         prints = fingerprint(report.data)
         assert len(prints.sha256) == 64 and prints.classes == names
         state = type(base.state)(**{**vars(base.state), "class_names": list(names),
-                                    "tasks": [{**base.state.tasks[0], "classes": list(names)}]})
+                                    "tasks": [dataclasses.replace(base.state.tasks[0], classes=list(names))]})
         learner = Learner(state, base.model, base.memory, dict(base.extra), base.test_sample)
         learner.save(Path(tmp) / "learner")
         again = Learner.load(Path(tmp) / "learner")

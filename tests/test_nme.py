@@ -127,6 +127,7 @@ def test_icarl_history_records_the_network_output_beside_the_nearest_mean(icarl_
     test = evalsets.load_test_sets(learner)
     last = learner.state.history[-1]
     network = float((engine.logits(learner.model, test.images).argmax(1) == test.labels).float().mean()) * 100
-    assert last["network_metrics"]["overall"] == pytest.approx(network)
-    assert last["metrics"]["overall"] == pytest.approx(api.evaluate(icarl_learner, device="cpu")["metrics"]["overall"])
-    assert all(set(h["network_metrics"]) == set(h["metrics"]) for h in learner.state.history)
+    assert last.network_metrics.overall == pytest.approx(network)
+    assert last.metrics.overall == pytest.approx(api.evaluate(icarl_learner, device="cpu")["metrics"]["overall"])
+    assert all(h.network_metrics is not None and set(h.network_metrics.to_json()) == set(h.metrics.to_json())
+               for h in learner.state.history)

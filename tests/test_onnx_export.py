@@ -152,7 +152,7 @@ def test_metadata_describes_the_model(exported) -> None:
     assert spec["decode"]["jpeg_reduced_decode"] is True and spec["divide_by"] == 255.0  # as training decodes
     assert (spec["channel_order"], spec["layout"], spec["normalization"]["mean"]) == ("RGB", "NCHW", NORM["mean"])
     assert (meta["sbcli_format"], meta["precision"], meta["opset"]) == ("2", "float32", str(report.opset))
-    assert json.loads(meta["provenance"]) == learner.state.provenance
+    assert json.loads(meta["provenance"]) == learner.state.provenance.to_json()
     assert (meta["method"], meta["inference"], meta["steps"]) == ("std", "wa", "2")
     (inp,), (out,) = session.get_inputs(), session.get_outputs()
     assert (inp.name, out.name) == ("images", "logits")

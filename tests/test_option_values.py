@@ -80,7 +80,7 @@ def learner_loads(state) -> None:
     """The state a run would save, with one class learned, passes every check a load applies."""
     data = json.loads(json.dumps(state.to_json(), allow_nan=True))  # as saved: tuples become lists
     data.update(class_names=["a"], class_task=[0], tasks=[{"classes": ["a"], "source": {"kind": "demo", "name": "demo"}}],
-                history=[{"metrics": {"overall": 50.0, "per_task": [50.0]}}])
+                history=[{"step": 1, "num_classes": 1, "metrics": {"overall": 50.0, "per_task": [50.0]}}])
     validate.check_state_json(data, "learner.json")
 
 

@@ -82,7 +82,7 @@ def grown(color_data, one_task_learner, tmp_path_factory) -> Path:
 def test_a_learner_as_backbone_brings_its_network_and_is_recorded_by_name(grown, one_task_learner):
     state, source = Learner.load(grown).state, Learner.load(one_task_learner).state
     assert (state.arch, state.width, state.normalization) == (source.arch, source.width, source.normalization)
-    record = state.provenance["pretrained"]
+    record = state.provenance.pretrained
     assert record["source"] == "learner" and record["name"] == one_task_learner.name and len(record["sha256"]) == 64
     assert str(one_task_learner.parent) not in (grown / "learner.json").read_text()  # no path of this machine
 
@@ -93,10 +93,10 @@ def test_add_task_trains_nothing_and_keeps_backbone_and_projection(grown, one_ta
     for key, value in backbone.items():
         assert torch.equal(learner.model.state_dict()[key], value), key
     history = learner.state.history
-    assert all(h["phases"] == [] for h in history) and "network_metrics" not in history[-1]
+    assert all(h.phases == [] for h in history) and history[-1].network_metrics is None
     assert learner.extra[ranpac.PROJECTION].shape == (learner.model.num_features, 128)
     assert learner.extra[ranpac.GRAM].dtype == torch.float64 and learner.extra[ranpac.TARGETS].shape == (128, 4)
-    assert history[-1]["metrics"]["overall"] > 50  # 4 colours, chance 25 %
+    assert history[-1].metrics.overall > 50  # 4 colours, chance 25 %
 
 
 def test_the_onnx_export_is_the_ridge_head(grown, tmp_path):
@@ -142,7 +142,20 @@ def test_a_local_weights_file_is_recorded_by_name_and_hash(one_task_learner, col
     out = tmp_path / "x"
     seq = api.SequenceOptions(source=str(color_data["task1_train"]), tasks=1, image_size=16)
     api.train(seq, run_options(str(weights)), out)
-    record = Learner.load(out).state.provenance["pretrained"]
+    record = Learner.load(out).state.provenance.pretrained
     assert record["name"] == "backbone.safetensors" and "path" not in record and len(record["sha256"]) == 64
     assert str(weights.parent) not in (out / "learner.json").read_text()
     shutil.rmtree(out)
+
+
+def test_a_folder_with_a_pretrained_backbone_defaults_to_the_ridge_head(one_task_learner, color_data, tmp_path):
+    out = tmp_path / "x"
+    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(out), "--device", "cpu",
+                              "--pretrained", str(one_task_learner), "--projection", "64", "--quiet"])
+    assert res.exit_code == 0, res.output
+    state, source = Learner.load(out).state, Learner.load(one_task_learner).state
+    assert state.method == "ranpac" and state.memory.budget == 0
+    assert (state.arch, state.width, state.image_size) == (source.arch, source.width, source.image_size)
+    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(tmp_path / "y"), "--device", "cpu",
+                              "--pretrained", str(one_task_learner), "--method", "std", "--epochs", "1", "--quiet"])
+    assert res.exit_code == 0 and Learner.load(tmp_path / "y").state.method == "std"  # an asked method stays

@@ -61,8 +61,8 @@ def test_prototypes_are_the_mean_normalised_features_and_scores_the_cosine():
 def test_the_learner_holds_the_prototypes_of_its_frozen_backbone(simplecil_learner, color_data):
     learner = Learner.load(simplecil_learner, "cpu")
     state = learner.state
-    assert state.method == "simplecil" and state.memory["budget"] == 0 and len(learner.memory) == 0
-    assert state.history[0]["phases"] == []  # no training at all
+    assert state.method == "simplecil" and state.memory.budget == 0 and len(learner.memory) == 0
+    assert state.history[0].phases == []  # no training at all
     protos = learner.extra[PROTOTYPES_KEY]
     assert protos.dtype == torch.float32 and protos.shape == (2, learner.model.num_features)
     # the backbone is exactly the loaded weights
@@ -94,8 +94,8 @@ def test_add_task_computes_the_new_prototypes_only(simplecil_learner, color_data
     for name, tensor in before.model.state_dict().items():  # the backbone did not move
         if not name.startswith("head."):
             assert torch.equal(after.model.state_dict()[name], tensor), name
-    assert after.state.history[-1]["phases"] == [] and summary.num_classes == 4
-    assert after.state.history[-1]["record"]["prototypes_from"] == 48  # the 24 training images of each new class
+    assert after.state.history[-1].phases == [] and summary.num_classes == 4
+    assert after.state.history[-1].record["prototypes_from"] == 48  # the 24 training images of each new class
     # colours are easy: prototypes of a random backbone still separate them well above chance (25 %)
     assert summary.metrics.overall > 60.0
 
@@ -131,13 +131,13 @@ def test_adapt_epochs_train_the_first_task_then_freeze(color_data, backbone_file
                               tasks=1)
     run = run_options(str(backbone_file), method_options={"adapt_epochs": 1})
     learner = api.train(seq, run, tmp_path / "adapted")
-    assert [p["name"] for p in learner.state.history[0]["phases"]] == ["adapt"]
+    assert [p["name"] for p in learner.state.history[0].phases] == ["adapt"]
     conv = timm_checkpoint("resnet18-in")["layer4.1.conv2.weight"]
     assert not torch.equal(learner.model.stages[3][1].conv2.weight.detach(), conv)
     before = {k: v.clone() for k, v in learner.model.state_dict().items() if not k.startswith("head.")}
     api.add_task(tmp_path / "adapted", color_data["task2_train"], color_data["task2_test"], device="cpu")
     after = Learner.load(tmp_path / "adapted", "cpu")
-    assert after.state.history[-1]["phases"] == []
+    assert after.state.history[-1].phases == []
     assert all(torch.equal(after.model.state_dict()[k], v) for k, v in before.items())
 
 
@@ -166,7 +166,7 @@ def test_a_timm_model_from_the_hub_is_resized_normalised_and_recorded(color_data
     assert torch.equal(grown.extra[PROTOTYPES_KEY][:2], learner.extra[PROTOTYPES_KEY])
     report = api.export_onnx(tmp_path / "timm", tmp_path / "timm.onnx")
     assert report.parity.argmax_agreement == 1.0 and report.parity.max_abs_diff < 1e-4
-    assert all(h["phases"] == [] for h in grown.state.history)
+    assert all(h.phases == [] for h in grown.state.history)
 
 
 @pytest.mark.parametrize("args, says", [

@@ -23,11 +23,12 @@ from sbcli.config.recipes import list_recipes, load_recipe
 from sbcli.data.device import DeviceData, Normalization
 from sbcli.engine.loop import Engine, Phase, StepOutputs, TrainConfig
 from sbcli.errors import ConfigError
+from sbcli.learner.records import StepRecord
 from sbcli.methods import TaskContext, build_config
 from sbcli.methods.common import frozen_copy
 from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods.split_bridge import Config, bridge_loss, learn_task, separated_loss
-from sbcli.metrics import step_metrics
+from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
 from sbcli.nets.partition import cross_mask, cross_norm, disconnect, enforce_masks, make_partition, sparsity_paper
 from sbcli.nets.resnet import IncrementalResNet
@@ -244,9 +245,15 @@ def test_config_refuses_bad_values():
 # --------------------------------------------------------------------------------------------
 
 
+def ablation_step(n: int, overall: float, record: dict) -> StepRecord:
+    """A step as the ablation table reads it: its number, its final accuracy and the method's record."""
+    nan = float("nan")
+    return StepRecord(n, 2 * n, StepMetrics(overall, [overall] * n, nan, nan, nan, nan), record=record)
+
+
 def test_ablation_table_rows_per_incremental_step():
     def step(n, record):
-        return {"step": n, "metrics": {"overall": 40.0 + n}, "record": record}
+        return ablation_step(n, 40.0 + n, record)
 
     history = [step(1, {}),
                step(2, {"after_B": {"overall": 30.0}, "after_C": {"overall": 35.0}, "wa_factor": 0.9,
@@ -263,10 +270,9 @@ def test_ablation_table_rows_per_incremental_step():
 
 
 def test_ablation_table_shows_the_balance_phase_apart_from_weight_aligning():
-    history = [{"step": 1, "metrics": {"overall": 90.0}, "record": {}},
-               {"step": 2, "metrics": {"overall": 60.0},
-                "record": {"after_B": {"overall": 30.0}, "after_C": {"overall": 35.0}, "wa_factor": 0.9,
-                           "before_balance": {"overall": 51.5}, "cross_norm_before_disconnect": 1.5}}]
+    history = [ablation_step(1, 90.0, {}),
+               ablation_step(2, 60.0, {"after_B": {"overall": 30.0}, "after_C": {"overall": 35.0}, "wa_factor": 0.9,
+                                       "before_balance": {"overall": 51.5}, "cross_norm_before_disconnect": 1.5})]
     console = Console(file=io.StringIO(), width=200)
     console.print(render.ablation_table(history))
     text = console.file.getvalue()

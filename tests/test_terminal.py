@@ -17,10 +17,10 @@ from typer.testing import CliRunner
 
 from sbcli.cli import progress
 from sbcli.cli.app import app
+from sbcli.cli.rundirs import next_run_dir, output_dir, run_name
 from sbcli.learner.state import read_state
 from sbcli.metrics import StepMetrics
 from sbcli.run import plots
-from sbcli.run.rundirs import next_run_dir, output_dir, run_name
 from sbcli.run.steps import StepSummary
 
 runner = CliRunner()
@@ -115,7 +115,7 @@ def feed(reporter, plan: dict[int, list[tuple[str, int]]], batches: int = 3) -> 
                     getattr(reporter, "on_batch", lambda *a: None)(b, batches)
                 reporter(Event(task=task, phase=phase, epoch=epoch, epochs=epochs, loss=0.5, images_per_s=1234.0,
                                precision="bf16", lr=0.1))
-        reporter.step(summary(task, 2 * task))
+        reporter.on_step(summary(task, 2 * task))
 
 
 def test_live_bars_on_a_terminal_show_phase_step_and_sequence():
@@ -250,6 +250,6 @@ def test_an_unknown_log_or_a_missing_extra_is_refused_before_any_work(color_data
     out = tmp_path / "never"
     res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(out), "--log", "wandb"])
     assert res.exit_code == 1 and "--log wandb is unknown" in res.stderr and not out.exists()
-    monkeypatch.setattr("sbcli.run.loggers.importlib", SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: None)))
+    monkeypatch.setattr("sbcli.watch.logs.importlib", SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: None)))
     res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(out), "--log", "mlflow"])
     assert res.exit_code == 1 and 'pip install "sbcli[mlflow]"' in res.stderr and not out.exists()

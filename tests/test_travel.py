@@ -6,6 +6,7 @@ copies what it changes, so the tests are independent.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -150,7 +151,7 @@ def test_a_sample_that_does_not_match_the_classes_is_refused(moved: dict[str, Pa
 def test_no_test_sample_keeps_private_images_out(color_data, tmp_path: Path, monkeypatch) -> None:
     learner = train(color_data["task1_train"].parent, tmp_path / "private", test_sample=False)
     state = read_state(learner)
-    assert state.test_sample["counts"] == [0, 0] and state.test_sample["declined_tasks"] == [1]
+    assert state.test_sample.counts == [0, 0] and state.test_sample.declined_tasks == [1]
     monkeypatch.setenv("SBCLI_CACHE", str(tmp_path / "elsewhere"))
     with pytest.raises(DataError, match="no test images to evaluate on"):
         api.evaluate(learner, device="cpu")
@@ -170,11 +171,11 @@ def test_card_round_trips_and_names_only_pushed_branches(trained: dict[str, Path
     assert data["tags"][:2] == ["class-incremental", "continual-learning"] and "image-classification" in data["tags"]
     name, results = model_index_to_eval_results(data["model-index"])
     assert name == "colours" and results == eval_results(state) == card.data.eval_results
-    assert [r.metric_value for r in results][0] == round(state.history[0]["metrics"]["overall"], 4)
+    assert [r.metric_value for r in results][0] == round(state.history[0].metrics.overall, 4)
     assert "Training images inside: no." in card.text and "Test images inside: yes." in card.text
     assert "step-2" in card.text and "step-0" not in card.text  # the next step, in the how-to; no other branch
     benchmark = public_state(state)
-    benchmark.tasks = [{**benchmark.tasks[0], "source": {"kind": "cifar100", "name": "cifar100"}}]
+    benchmark.tasks = [dataclasses.replace(benchmark.tasks[0], source={"kind": "cifar100", "name": "cifar100"})]
     assert hf.ModelCard(model_card(benchmark, facts)).data.datasets == ["uoft-cs/cifar100"]
 
 
@@ -192,8 +193,8 @@ def test_a_format_1_learner_is_pushed_without_its_paths(trained: dict[str, Path]
     (legacy / "learner.json").write_text(json.dumps(state))
     assert api.evaluate(legacy, device="cpu")["test_data"]["used"] == "folder"  # its own path, still here
     public = public_state(read_state(legacy))
-    assert str(trained["data"]) not in json.dumps(public.tasks) + json.dumps(public.plan)
-    assert public.tasks[0]["source"] == {"kind": "folder", "name": "train", "dataset": trained["data"].name,  # photos/train: photos
+    assert str(trained["data"]) not in json.dumps([t.to_json() for t in public.tasks]) + json.dumps(public.plan)
+    assert public.tasks[0].source == {"kind": "folder", "name": "train", "dataset": trained["data"].name,  # photos/train: photos
                                          "image_size": 16, "test": {"name": "test"}}
 
 
@@ -232,7 +233,7 @@ def test_onnx_check_uses_the_carried_sample_where_the_memory_lacks_classes(train
     from sbcli.methods.memory import ExemplarMemory
 
     learner = Learner.load(trained["learner"])
-    learner.memory = ExemplarMemory(**learner.state.memory)  # as pulled from a push without --with-memory
+    learner.memory = ExemplarMemory(**dataclasses.asdict(learner.state.memory))  # as pulled from a push without --with-memory
     learner.save(tmp_path / "no-memory")
     report = api.export_onnx(tmp_path / "no-memory", tmp_path / "model.onnx")
     assert report.parity.source == "images from the carried test sample" and report.parity.images == 16

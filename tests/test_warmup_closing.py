@@ -5,10 +5,12 @@ from __future__ import annotations
 import math
 
 from sbcli.cli.runs import closing_line
+from sbcli.learner.records import MemorySettings, Provenance, StepRecord
+from sbcli.metrics import StepMetrics
 
 
-def step(num_classes: int, overall: float, old: float, new: float) -> dict:
-    return {"num_classes": num_classes, "metrics": {"overall": overall, "old": old, "new": new, "per_task": []}}
+def step(num_classes: int, overall: float, old: float, new: float) -> StepRecord:
+    return StepRecord(1, num_classes, StepMetrics(overall, [], old, new, math.nan, math.nan))
 
 
 def test_it_names_chance_and_old_against_new_classes():
@@ -28,9 +30,9 @@ def test_a_hint_follows_when_the_old_classes_kept_under_half_of_the_new_ones():
     from sbcli.cli.runs import keeping_hint
 
     forgot = [step(5, 50.0, math.nan, 50.0), step(50, 6.7, 0.9, 59.2)]
-    hint = keeping_hint(forgot, {"budget": 500}, {})
+    hint = keeping_hint(forgot, MemorySettings(500), Provenance())
     assert hint is not None and "--memory 500" in hint and "10 exemplars a class" in hint and "--pretrained" in hint
-    assert "--pretrained" not in keeping_hint(forgot, {"budget": 500}, {"pretrained": {"repo": "a/b"}})
+    assert "--pretrained" not in keeping_hint(forgot, MemorySettings(500), Provenance(pretrained={"repo": "a/b"}))
     kept = [step(2, 96.0, math.nan, 96.0), step(10, 62.25, 58.1, 78.0)]
-    assert keeping_hint(kept, {"budget": 200}, {}) is None
-    assert keeping_hint([step(5, 84.4, math.nan, 84.4)], {"budget": 200}, {}) is None
+    assert keeping_hint(kept, MemorySettings(200), Provenance()) is None
+    assert keeping_hint([step(5, 84.4, math.nan, 84.4)], MemorySettings(200), Provenance()) is None

@@ -82,9 +82,9 @@ def test_bundled_learner_is_what_its_entry_and_recipe_say(entry: ZooEntry) -> No
     assert state.plan["source"]["kind"] == recipe["source"]
     train = state.train_config
     assert (train.epochs, train.batch_size, train.lr) == (recipe["epochs"], recipe["batch_size"], recipe["lr"])
-    assert state.memory == {"budget": recipe["memory"], "selection": recipe["selection"], "seed": recipe["seed"]}
-    overall = [h["metrics"]["overall"] for h in state.history]
-    measured = summary(overall, [h["metrics"]["per_task"] for h in state.history])
+    assert state.memory.to_json() == {"budget": recipe["memory"], "selection": recipe["selection"], "seed": recipe["seed"]}
+    overall = [h.metrics.overall for h in state.history]
+    measured = summary(overall, [h.metrics.per_task for h in state.history])
     assert entry.metrics["accuracy_per_step"] == [round(v, 2) for v in overall]
     for key in ("avg_incremental_2_to_T", "avg_incremental_1_to_T", "last", "forgetting"):
         assert entry.metrics[key] == round(measured[key], 2), key

@@ -1,6 +1,7 @@
 """The Python face of sbcli: one function per command, so a notebook can do what the terminal does.
 
-Nothing here renders; progress and results reach the caller through callbacks and return values.
+Nothing here renders; progress reaches the caller through watchers (:mod:`sbcli.watch.watcher`: a run
+tells each of a list every event), results through return values.
 Each function checks what it is given and hands the work to the module whose one job it is: the
 task sequence to :mod:`sbcli.run.sequence`, a new task to :mod:`sbcli.run.add_task`, evaluation to
 :mod:`sbcli.run.evaluation`, rollback to :mod:`sbcli.learner.rollback`, and the ways out (ONNX,
@@ -15,22 +16,28 @@ from typing import Any
 from sbcli.api.out import export_int8, export_onnx, export_triton, predict, pull, push, zoo
 from sbcli.config.options import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.engine.device import resolve_device
-from sbcli.engine.progress import ProgressLike
+from sbcli.engine.distributed import is_main_process, session
 from sbcli.errors import ConfigError
 from sbcli.learner import rollback as rollbacks
+from sbcli.learner.records import MemorySettings, Provenance, StepRecord, TaskRecord, TestSampleSettings
 from sbcli.learner.state import Learner, LearnerState, read_state
+from sbcli.methods import METHODS
+from sbcli.nets import list_models
 from sbcli.run import add_task as adding
 from sbcli.run import evaluation, sequence
-from sbcli.run.growing import AddTaskOptions
+from sbcli.run.add_task import AddTaskOptions
 from sbcli.run.sequence import StepFn, save_from_main, sequence_scenario
 from sbcli.run.steps import StepSummary
+from sbcli.watch.watcher import WatcherLike
 
-ProgressFn = ProgressLike  # sbcli.engine.progress.Progress callbacks, or a function of each epoch's event
+ProgressFn = WatcherLike  # watchers (sbcli.watch.watcher.Watcher), a function of each epoch's event, or a list of either
 
 __all__ = [
-    "AddTaskOptions", "Learner", "LearnerState", "ProgressFn", "RunOptions", "SequenceOptions", "StepFn", "StepSummary",
-    "add_task", "evaluate", "export_int8", "export_onnx", "export_triton", "learner_state", "options", "predict", "pull",
-    "push", "resolve_device", "rollback", "save_from_main", "sequence_scenario", "train", "zoo",
+    "AddTaskOptions", "Learner", "LearnerState", "MemorySettings", "ProgressFn", "Provenance", "RunOptions",
+    "SequenceOptions", "StepFn", "StepRecord", "StepSummary", "TaskRecord", "TestSampleSettings", "add_task",
+    "architectures", "evaluate", "export_int8", "export_onnx", "export_triton", "is_main_process", "learner_state",
+    "method_summaries", "options", "predict", "pull", "push", "resolve_device", "rollback", "save_from_main",
+    "sequence_scenario", "session", "train", "zoo",
 ]
 
 
@@ -101,3 +108,13 @@ def rollback(learner_dir: Path, step: int) -> dict:
         LearnerError: the step is not kept (nothing changes), or another writer holds the learner.
     """
     return rollbacks.rollback(learner_dir, step)
+
+
+def method_summaries() -> dict[str, str]:
+    """Each registered method's name and its one-line summary, in registration order (``sb methods``)."""
+    return {name: METHODS.get(name).summary for name in METHODS.names()}
+
+
+def architectures() -> list[str]:
+    """The names ``--arch`` takes (sbcli's own networks; ``timm/NAME`` besides)."""
+    return list_models()

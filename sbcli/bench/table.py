@@ -11,12 +11,16 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from sbcli.bench.grid import BENCH_METHODS, BenchPlan, Cell, steps_done
 from sbcli.bench.report import class_order_text, threads_text, what_ran
 from sbcli.jsonutil import strict
+
+if TYPE_CHECKING:
+    from sbcli.learner.records import StepRecord
 
 # docs/method.md §9: the paper's Table 1 (average over steps 2..T, ResNet-18, memory 2000, 200 epochs a phase).
 PAPER_TABLE1 = {
@@ -30,41 +34,42 @@ PAPER_TABLE1 = {
 PAPER_TASKS = (2, 5, 10, 20)
 
 
-def cell_summary(history: list[dict]) -> dict:
+def cell_summary(history: list[StepRecord]) -> dict:
     """One cell's numbers: both averages, last, the per-step curves (accuracy, intra-old/new) and
     what ran: the epochs each step trained (every phase) and the precision of its phases."""
     from sbcli.metrics import history_summary
     from sbcli.run.plan import actual_epochs
 
-    overall = [h["metrics"]["overall"] for h in history]
-    later = history[1:]
+    overall = [h.metrics.overall for h in history]
+    later = [h.metrics for h in history[1:]]
     s = history_summary(history)
     return {
         "avg_2_to_T": s["avg_incremental_2_to_T"],
         "avg_1_to_T": s["avg_incremental_1_to_T"],
         "last": s["last"],
-        "classes": [h["num_classes"] for h in history],
+        "classes": [h.num_classes for h in history],
         "accuracy": overall,
-        "intra_old": _mean([h["metrics"]["intra_old"] for h in later]),
-        "intra_new": _mean([h["metrics"]["intra_new"] for h in later]),
-        "old": _mean([h["metrics"]["old"] for h in later]),
-        "new": _mean([h["metrics"]["new"] for h in later]),
-        "seconds": round(sum(h.get("seconds", 0.0) for h in history), 1),
+        "intra_old": _mean([m.intra_old for m in later]),
+        "intra_new": _mean([m.intra_new for m in later]),
+        "old": _mean([m.old for m in later]),
+        "new": _mean([m.new for m in later]),
+        "seconds": round(sum(h.seconds for h in history if h.seconds is not None), 1),
         "epochs_per_step": actual_epochs(history),
-        "precision": sorted({p.get("precision", "fp32") for h in history for p in h.get("phases", [])}),
+        "precision": sorted({p.get("precision", "fp32") for h in history for p in h.phases}),
         **_network_summary(history),
     }
 
 
-def _network_summary(history: list[dict]) -> dict:
+def _network_summary(history: list[StepRecord]) -> dict:
     """The network's own accuracy beside a rule outside it (STD + iCaRL's nearest mean), when recorded."""
-    from sbcli.metrics import history_summary
+    from sbcli.metrics import summary
 
-    if not history or not all("network_metrics" in h for h in history):
+    network = [h.network_metrics for h in history if h.network_metrics is not None]
+    if not history or len(network) < len(history):
         return {}
-    s = history_summary([{"metrics": h["network_metrics"]} for h in history])
+    s = summary([m.overall for m in network], [m.per_task for m in network])
     return {"network": {"avg_2_to_T": s["avg_incremental_2_to_T"], "avg_1_to_T": s["avg_incremental_1_to_T"],
-                        "last": s["last"], "accuracy": [h["network_metrics"]["overall"] for h in history]}}
+                        "last": s["last"], "accuracy": [m.overall for m in network]}}
 
 
 def _mean(values: list[float]) -> float:
@@ -144,16 +149,16 @@ def table_markdown(table: dict) -> str:
 
 def write_outputs(table: dict, out: Path, plots: bool) -> tuple[list[Path], list[str]]:
     """table.md, table.json and (when asked and possible) the two figures; notes say what was left out."""
-    from sbcli.run import plots as figures
+    from sbcli.bench.figures import accuracy_per_step, available, intra_old_new
 
     out = Path(out)
     files = [out / "table.md", out / "table.json"]
     files[0].write_text(table_markdown(table), encoding="utf-8")
     files[1].write_text(json.dumps(strict(table), indent=2) + "\n", encoding="utf-8")
     notes = []
-    if plots and not figures.available():
+    if plots and not available():
         notes.append('Figures skipped: matplotlib is not installed (pip install "sbcli[plots]").')
     elif plots:
-        files.append(figures.accuracy_per_step(table, out / "accuracy_per_step.png"))
-        files.append(figures.intra_old_new(table, out / "intra_old_new.png"))
+        files.append(accuracy_per_step(table, out / "accuracy_per_step.png"))
+        files.append(intra_old_new(table, out / "intra_old_new.png"))
     return files, notes

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -63,46 +62,40 @@ def add_task(
     if test is not None:
         paths.folder(test, "test folder")
     from sbcli import api
-    from sbcli.api import frontend
     from sbcli.cli import progress, render
     from sbcli.cli.runs import closing_line, keeping_hint
+    from sbcli.metrics import history_summary
+    from sbcli.watch.logs import check_kinds, log_watchers
 
-    main = frontend.is_main_process()  # under torchrun, rank 0 alone prints and logs
-    frontend.check_log_kinds(log or [])
-    state = api.learner_state(learner)
-    open_logs = None
-    if main and log:
-        log_options = {"learner": str(learner), "folder": str(folder), "method": state.method,
-                       "method_config": dataclasses.asdict(state.method_config),
-                       "train": {**dataclasses.asdict(state.train_config), "epochs": epochs or state.train_config.epochs}}
-        before = frontend.epochs_trained(state.history)
-        open_logs = lambda: frontend.open_logs(log, learner, log_options, before)  # noqa: E731
-    reporter = progress.reporter(quiet or not main, every=max(1, (epochs or state.train_config.epochs) // 10),
-                                 open_logs=open_logs)
-    with frontend.session(device), reporter:
+    main = api.is_main_process()  # under torchrun, rank 0 alone prints and logs
+    check_kinds(log or [])
+    reporter = progress.reporter(quiet or not main, every=None)  # a tenth of the step's epochs, from its start
+    watchers = [reporter, *(log_watchers(log, learner) if main and log else [])]  # each told every event of the run
+    with api.session(device), reporter:
         reporter.note(f"Adding the classes of {folder} to {learner}")
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal,
                                      balance_epochs=balance_epochs, name=dataset_name)
         step = api.add_task(learner, folder, test, device=device, keep=keep, options=options,
-                            warmup_epochs=warmup_epochs, on_progress=reporter)
-        reporter.step(step)
+                            warmup_epochs=warmup_epochs, on_progress=watchers)
         for note in step.notes:
             reporter.note(note)
     if not main:
         return
-    after = step.state if step.state is not None else api.learner_state(learner)  # the API's answer, as saved
-    history = after.history
-    result = frontend.history_summary(history)
+    after = step.state  # the learner as the step saved it: the CLI renders what the API answers, and reads nothing
+    history = after.history if after is not None else []
+    result = history_summary(history) if history else {}
 
     def show() -> None:
-        for table in render.closing_tables(history, result):
-            render.OUT.print(table)
-        render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
-        hint = keeping_hint(history, after.memory, after.provenance, after.tasks)
-        if hint:
-            render.OUT.print(hint, highlight=False, soft_wrap=True)
+        if history:
+            for table in render.closing_tables(history, result):
+                render.OUT.print(table)
+            render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
+            hint = keeping_hint(history, after.memory, after.provenance, after.tasks)
+            if hint:
+                render.OUT.print(hint, highlight=False, soft_wrap=True)
         render.OUT.print(f"Learner {learner} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")
 
     render.Output(json_out).result({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(),
-                                    "history": history, "summary": result, "notes": step.notes}, show)
+                                    "history": [h.to_json() for h in history], "summary": result, "notes": step.notes},
+                                   show)

@@ -46,11 +46,11 @@ app.command("serve", epilog=serve.EPILOG)(serve.serve)
 @app.command("methods")
 def methods() -> None:
     """List the registered methods and architectures."""
-    from sbcli.api import frontend
+    from sbcli import api
 
-    for name, summary in frontend.method_summaries().items():
+    for name, summary in api.method_summaries().items():
         typer.echo(f"{name:10s} {summary}")
-    typer.echo("architectures: " + ", ".join(frontend.architectures()))
+    typer.echo("architectures: " + ", ".join(api.architectures()))
 
 
 @app.command("version")

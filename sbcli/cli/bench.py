@@ -84,7 +84,7 @@ def bench(
     with reporter:
         for line in describe(plan, dataset_kind(plan)):
             reporter.note(line)
-        result = run_bench(plan, out, plots=plots, on_cell=on_cell, on_progress=reporter, on_step=reporter.step)
+        result = run_bench(plan, out, plots=plots, on_cell=on_cell, on_progress=reporter)
         for note in result.notes:
             reporter.note(note)
 

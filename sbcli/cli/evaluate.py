@@ -63,4 +63,4 @@ def evaluate(
         for table in render.closing_tables(result["history"], result["summary"]):
             render.OUT.print(table)
 
-    render.Output(json_out).result(result, show)
+    render.Output(json_out).result({**result, "history": [h.to_json() for h in result["history"]]}, show)

@@ -7,9 +7,9 @@
   of each phase) with the same numbers and both ETAs, and a line per finished step.
 - ``quiet`` (``--quiet``): nothing.
 
-A :class:`Reporter` is the ``on_progress`` of :func:`sbcli.api.train` and friends: it implements
-the run's declared callbacks (:class:`sbcli.engine.progress.Progress`), and opens the experiment
-logs it is given (``open_logs``) when the run's plan arrives, once the input has been checked.
+A :class:`Reporter` is a watcher of :func:`sbcli.api.train` and friends (:class:`sbcli.watch.watcher.Watcher`):
+it shows the run's events; the CLI hands the API a list of it and the experiment logs of ``--log``
+(:mod:`sbcli.watch.logs`), each told every event.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskID, TaskProgressColumn, TextColumn
 
-from sbcli.api.frontend import Callbacks
 from sbcli.cli.render import ERR, fmt
+from sbcli.watch.watcher import Callbacks
 
 
 def choose_mode(quiet: bool, console: Console = ERR) -> str:
@@ -35,14 +35,14 @@ def choose_mode(quiet: bool, console: Console = ERR) -> str:
     return "live" if console.is_terminal else "lines"
 
 
-def reporter(quiet: bool, every: int = 1, console: Console = ERR,
-             open_logs: Callable[[], list[Any]] | None = None) -> Reporter:
-    """The reporter for this terminal: see the module docstring."""
+def reporter(quiet: bool, every: int | None = 1, console: Console = ERR) -> Reporter:
+    """The reporter for this terminal: see the module docstring. ``every`` None: a tenth of the run's
+    epochs a phase, from its start."""
     mode = choose_mode(quiet, console)
     # The data layer's progress lines (listing, decoding: sbcli.data.progress) follow --quiet too.
     logging.getLogger("sbcli.progress").setLevel(logging.WARNING if mode == "quiet" else logging.NOTSET)
     kind = {"quiet": Reporter, "lines": LineReporter, "live": LiveReporter}[mode]
-    return kind(console=console, every=every, open_logs=open_logs)
+    return kind(console=console, every=every)
 
 
 def clock(seconds: float | None) -> str:
@@ -97,32 +97,25 @@ class Timeline:
 class Reporter(Callbacks):
     """Says nothing (``--quiet``); the base of the other two."""
 
-    def __init__(self, console: Console = ERR, every: int = 1, open_logs: Callable[[], list[Any]] | None = None) -> None:
+    def __init__(self, console: Console = ERR, every: int | None = 1) -> None:
         self.console = console
-        self.every = max(1, every)
+        self.every = None if every is None else max(1, every)  # None: set from the run's start
         self.timeline = Timeline()
         self.title = "sequence"
-        self.logs: list[Any] = []  # experiment logs (sbcli.run.loggers), told every epoch and step, closed at exit
-        self.open_logs = open_logs  # opens them once the run's input is checked (on_plan)
 
     def __enter__(self) -> Reporter:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        for log in self.logs:
-            log.close()
+        return None
 
     def on_epoch(self, event: Any) -> None:
-        """An epoch ended (:class:`sbcli.engine.progress.ProgressEvent`)."""
+        """An epoch ended (:class:`sbcli.watch.watcher.ProgressEvent`)."""
         self.show(event)
-        for log in self.logs:
-            log.epoch(event)
 
-    def step(self, summary: Any) -> None:
+    def on_step(self, summary: Any) -> None:
         """A step ended and was saved (:class:`sbcli.run.steps.StepSummary`)."""
         self.show_step(summary)
-        for log in self.logs:
-            log.step(summary)
 
     def show(self, event: Any) -> None:
         self.timeline.epoch(event.task)
@@ -133,14 +126,14 @@ class Reporter(Callbacks):
     def on_plan(self, plan: dict[int, int]) -> None:
         """The planned epochs of every step still to run, by task number (a new sequence starts)."""
         self.timeline.reset(plan)
-        if self.open_logs is not None:
-            self.logs, self.open_logs = self.open_logs(), None
 
     def note(self, text: str) -> None:
         """A line for the person watching (what runs, where it writes)."""
 
     def on_start(self, start: Any) -> None:
         """What the run is about to do (:class:`sbcli.run.banner.RunBanner`): one line, before the first epoch."""
+        if self.every is None:
+            self.every = max(1, start.epochs // 10)
         self.note(start.text())
 
     def set_title(self, text: str) -> None:
@@ -176,7 +169,7 @@ class LineReporter(Reporter):
 
     def show(self, event: Any) -> None:
         super().show(event)
-        if event.epoch % self.every and event.epoch not in (1, event.epochs):  # the first: the rate and ETA, early
+        if event.epoch % (self.every or 1) and event.epoch not in (1, event.epochs):  # the first: the rate and ETA, early
             return
         step_eta, seq_eta = self.timeline.etas(event.task)
         self._print(f"{_where(event, self.timeline)} · epoch {event.epoch}/{event.epochs} · loss {event.loss:.4f} · "
@@ -201,8 +194,8 @@ class LineReporter(Reporter):
 class LiveReporter(Reporter):
     """rich bars: the sequence, the step, and one per phase of the step (batches, loss, img/s, precision)."""
 
-    def __init__(self, console: Console = ERR, every: int = 1, open_logs: Callable[[], list[Any]] | None = None) -> None:
-        super().__init__(console, every, open_logs)
+    def __init__(self, console: Console = ERR, every: int | None = 1) -> None:
+        super().__init__(console, every)
         self.bars = Progress(TextColumn("{task.description}"), BarColumn(bar_width=28), TaskProgressColumn(),
                              TextColumn("{task.fields[info]}"), console=console, refresh_per_second=8,
                              redirect_stdout=False)  # stdout holds the results alone

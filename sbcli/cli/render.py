@@ -6,12 +6,15 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.table import Table
 
 from sbcli.cli.console import console
 from sbcli.jsonutil import strict
+
+if TYPE_CHECKING:
+    from sbcli.api import StepRecord
 
 ERR = console(stderr=True)
 OUT = console(highlight=False)
@@ -23,24 +26,24 @@ def fmt(value: float | None, digits: int = 2) -> str:
     return f"{value:.{digits}f}"
 
 
-def history_table(history: list[dict], title: str = "Accuracy after each step (%)") -> Table:
+def history_table(history: list[StepRecord], title: str = "Accuracy after each step (%)") -> Table:
     """One row per step: classes, accuracy, old, new, intra-old, intra-new (per task: :func:`matrix_table`)."""
     table = Table(title=title)
     for col in ("step", "classes", "accuracy", "old", "new", "intra-old", "intra-new"):
         table.add_column(col, justify="right")
-    for i, h in enumerate(history):  # a metric a learner does not record (it was not measured) shows as "-"
-        m = h["metrics"]
-        table.add_row(str(h.get("step", i + 1)), str(h.get("num_classes", "-")), fmt(m["overall"]), fmt(m.get("old")),
-                      fmt(m.get("new")), fmt(m.get("intra_old")), fmt(m.get("intra_new")))
+    for h in history:  # a metric that was not measured (no test images of those classes) shows as "-"
+        m = h.metrics
+        table.add_row(str(h.step), str(h.num_classes), fmt(m.overall), fmt(m.old), fmt(m.new), fmt(m.intra_old),
+                      fmt(m.intra_new))
     return table
 
 
-def matrix_table(history: list[dict], now: list[float] | None = None) -> Table:
+def matrix_table(history: list[StepRecord], now: list[float] | None = None) -> Table:
     """The accuracy matrix: row t is after step t, column j the accuracy on task j's classes.
 
     ``now``, when given, is a last row: the learner evaluated now (e.g. on another test folder).
     """
-    rows = [(f"after {h['step']}", h["metrics"]["per_task"]) for h in history]
+    rows = [(f"after {h.step}", h.metrics.per_task) for h in history]
     if now is not None:
         rows.append(("now", now))
     width = max((len(r) for _, r in rows), default=0)
@@ -53,7 +56,7 @@ def matrix_table(history: list[dict], now: list[float] | None = None) -> Table:
     return table
 
 
-def closing_tables(history: list[dict], summary: dict) -> list[Table]:
+def closing_tables(history: list[StepRecord], summary: dict) -> list[Table]:
     """What `sb train`, `sb add-task` and `sb evaluate` end with: the steps, the S&B ablation, the summary."""
     tables = [history_table(history)]
     ablation = ablation_table(history)
@@ -63,30 +66,30 @@ def closing_tables(history: list[dict], summary: dict) -> list[Table]:
     return tables
 
 
-def ablation_table(history: list[dict]) -> Table | None:
+def ablation_table(history: list[StepRecord]) -> Table | None:
     """Split only (after B) / split + bridge (after C) / + WA (/ + balance), per incremental step of Split-and-Bridge.
 
     A step that was not split (bf = 1) shows "-" for "after B" and the cross norm; "+WA" is "-" when
     the learner does not weight-align (``--inference none``). With ``--balance-epochs`` a "+balance"
     column shows the step's final accuracy, and "+WA" the accuracy before balancing.
     """
-    rows = [h for h in history if "after_C" in h.get("record", {})]
+    rows = [h for h in history if "after_C" in h.record]
     if not rows:
         return None
-    balanced = any("before_balance" in h["record"] for h in rows)
+    balanced = any("before_balance" in h.record for h in rows)
     table = Table(title="Split-and-Bridge ablation: accuracy (%)")
     columns = ("step", "split (after B)", "split+bridge (after C)", "+WA", *(("+balance",) if balanced else ()),
                "cross norm before disconnect")
     for col in columns:
         table.add_column(col, justify="right")
     for h in rows:
-        r = h["record"]
+        r = h.record
         after_b = r.get("after_B", {}).get("overall")
-        final = h["metrics"]["overall"]
+        final = h.metrics.overall
         before_balance = r.get("before_balance", {}).get("overall", final)
         with_wa = before_balance if "wa_factor" in r else None
         balance = (fmt(final) if "before_balance" in r else "-",) if balanced else ()
-        table.add_row(str(h["step"]), fmt(after_b), fmt(r["after_C"]["overall"]), fmt(with_wa), *balance,
+        table.add_row(str(h.step), fmt(after_b), fmt(r["after_C"]["overall"]), fmt(with_wa), *balance,
                       fmt(r.get("cross_norm_before_disconnect"), 4))
     return table
 

@@ -4,33 +4,32 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sbcli.cli import render
+
+if TYPE_CHECKING:
+    from sbcli.api import MemorySettings, Provenance, StepRecord, TaskRecord
 
 
 def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool, quiet: bool = False,
                  log: list[str] | None = None, keep: int | None = None) -> None:
-    import dataclasses
-
     from sbcli import api
-    from sbcli.api import frontend
     from sbcli.cli import progress
+    from sbcli.metrics import history_summary
+    from sbcli.watch.logs import check_kinds, log_watchers
 
-    main = frontend.is_main_process()  # under torchrun, rank 0 alone prints and logs
-    frontend.check_log_kinds(log or [])
-    open_logs = None
-    if main and log:
-        options = {"sequence": dataclasses.asdict(seq), "run": dataclasses.asdict(run)}
-        open_logs = lambda: frontend.open_logs(log, out, options)  # noqa: E731
-    reporter = progress.reporter(quiet or not main, every=max(1, run.train.epochs // 10), open_logs=open_logs)
-    with frontend.session(run.device), reporter:
+    main = api.is_main_process()  # under torchrun, rank 0 alone prints and logs
+    check_kinds(log or [])
+    reporter = progress.reporter(quiet or not main, every=max(1, run.train.epochs // 10))
+    watchers = [reporter, *(log_watchers(log, out) if main and log else [])]  # each told every event of the run
+    with api.session(run.device), reporter:
         reporter.note(f"Training {run.method} on {seq.source or 'demo'} → {out}")
-        learner = api.train(seq, run, out, resume=resume, keep=keep, on_progress=reporter, on_step=reporter.step)
+        learner = api.train(seq, run, out, resume=resume, keep=keep, on_progress=watchers)
     if not main:
         return
     history = learner.state.history
-    result = frontend.history_summary(history)
+    result = history_summary(history)
 
     def show() -> None:
         for table in render.closing_tables(history, result):
@@ -42,7 +41,8 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
         render.OUT.print(f"Learner saved to {out} (with history.csv{render.png_note(out)}); "
                          f"add classes with `sb add-task {out} FOLDER --test FOLDER`.")
 
-    render.Output(json_out).result({"learner": str(out), "history": history, "summary": result}, show)
+    render.Output(json_out).result({"learner": str(out), "history": [h.to_json() for h in history], "summary": result},
+                                   show)
 
 
 def _pct(value: float, what: str, missing: str) -> str:
@@ -50,45 +50,47 @@ def _pct(value: float, what: str, missing: str) -> str:
     return missing if math.isnan(value) else f"{value:.1f} % {what}"
 
 
-def closing_line(history: list[dict]) -> str:
+def closing_line(history: list[StepRecord]) -> str:
     """What the last step's numbers mean, in one line: against chance, and old classes against new ones.
 
     A number that could not be measured (no test images of those classes) is said in words, never "nan".
     """
-    last, seen = history[-1]["metrics"], history[-1]["num_classes"]
-    new = seen - (history[-2]["num_classes"] if len(history) > 1 else 0)
-    overall = last["overall"]
+    last, seen = history[-1].metrics, history[-1].num_classes
+    new = seen - (history[-2].num_classes if len(history) > 1 else 0)
+    overall = last.overall
     if math.isnan(overall):
         text = f"After step {len(history)}: no test images, so no accuracy over the {seen} classes seen (give --test)"
     else:
         text = (f"After step {len(history)}: {overall:.1f} % of the test images right over all {seen} classes "
                 f"seen (chance {100 / seen:.1f} %)")
-    if len(history) == 1 or (math.isnan(last["old"]) and math.isnan(last["new"])):
+    if len(history) == 1 or (math.isnan(last.old) and math.isnan(last.new)):
         return text + "."
-    old = _pct(last["old"], f"on the {seen - new} old classes (what was kept)", f"no test images of the {seen - new} old classes")
-    learned = _pct(last["new"], f"on the {new} new ones (what was learned)", f"no test images of the {new} new ones")
+    old = _pct(last.old, f"on the {seen - new} old classes (what was kept)", f"no test images of the {seen - new} old classes")
+    learned = _pct(last.new, f"on the {new} new ones (what was learned)", f"no test images of the {new} new ones")
     return f"{text}; {old}, {learned}."
 
 
-def _training_images(tasks: list[dict]) -> int | None:
+def _training_images(tasks: list[TaskRecord]) -> int | None:
     """How many training images the learner's tasks had (None when a task did not record it, e.g. format 1)."""
-    counts = [t.get("source", {}).get("train", {}).get("counts") for t in tasks]
+    counts = [t.source.get("train", {}).get("counts") for t in tasks]
     return None if not counts or any(c is None for c in counts) else sum(sum(c) for c in counts)
 
 
-def keeping_hint(history: list[dict], memory: dict, provenance: dict, tasks: list[dict] | None = None) -> str | None:
+def keeping_hint(history: list[StepRecord], memory: MemorySettings, provenance: Provenance,
+                 tasks: list[TaskRecord] | None = None) -> str | None:
     """When the old classes kept under half of what the new ones reached, what keeps more (measured:
     docs/lab/benchmarks.md, "Keeping the old classes"): more exemplars a class, a pretrained backbone.
 
     More exemplars are suggested only when the memory cannot already hold every training image.
     """
-    last = history[-1]["metrics"] if history else {}
-    old, new = last.get("old", float("nan")), last.get("new", float("nan"))
-    if len(history) < 2 or math.isnan(old) or math.isnan(new) or old >= new / 2:
+    if len(history) < 2:
         return None
-    budget, seen = int(memory.get("budget", 0)), history[-1]["num_classes"]
+    old, new = history[-1].metrics.old, history[-1].metrics.new
+    if math.isnan(old) or math.isnan(new) or old >= new / 2:
+        return None
+    budget, seen = memory.budget, history[-1].num_classes
     images = _training_images(tasks or [])
-    pretrained = "" if provenance.get("pretrained") else "a --pretrained backbone"
+    pretrained = "" if provenance.pretrained else "a --pretrained backbone"
     where = "(docs/lab/benchmarks.md, \"Keeping the old classes\")"
     if images is not None and budget >= images:
         advice = (f"in sbcli's measurements {pretrained} kept the most {where}" if pretrained

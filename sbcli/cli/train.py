@@ -66,7 +66,7 @@ def train(
     paths.source(source)  # before torch loads: a mistyped path answers at once
     if test is not None:
         paths.folder(test, "test folder")
-    from sbcli.api.frontend import output_dir
+    from sbcli.cli.rundirs import output_dir
     from sbcli.cli.runs import run_training
     from sbcli.config.options import build_options
 

@@ -34,6 +34,10 @@ class ImageSet:
     def image_size(self) -> int:
         return int(self.images.shape[-1])
 
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(images, labels), as the device path joins them (the exemplar memory gives the same pair)."""
+        return self.images, self.labels
+
     def subset(self, keep: torch.Tensor) -> "ImageSet":
         """The images whose ``keep`` mask (bool [N]) or index tensor selects them."""
         return ImageSet(self.images[keep], self.labels[keep], list(self.class_names))

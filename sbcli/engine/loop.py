@@ -38,10 +38,10 @@ from sbcli.engine.device import (
     exact_float32,
     uses_bf16,
 )
-from sbcli.engine.progress import ProgressEvent, ProgressLike, progress_of
 from sbcli.engine.schedule import PhaseSchedule
 from sbcli.engine.selection import PhaseSelection, Validator
 from sbcli.errors import ConfigError, TrainingError
+from sbcli.watch.watcher import ProgressEvent, WatcherLike, watchers_of
 
 
 @dataclass(frozen=True)
@@ -170,20 +170,20 @@ def make_schedule(opt: torch.optim.Optimizer, cfg: TrainConfig, epochs: int, bat
 class Engine:
     """Runs phases on one device; emits a :class:`ProgressEvent` per epoch.
 
-    ``on_progress`` is told each batch and epoch (:class:`sbcli.engine.progress.Progress`, or a
+    ``on_progress`` is told each batch, epoch and phase (:class:`sbcli.watch.watcher.Watcher`s, or a
     function of each epoch's event). The step a phase belongs to (its learning rate, its held-out
     images) is given to :meth:`for_step`, never set from outside.
     """
 
     def __init__(self, cfg: TrainConfig, device: torch.device, norm: Normalization, seed: int,
-                 on_progress: ProgressLike = None) -> None:
+                 on_progress: WatcherLike = None) -> None:
         self.cfg = cfg
         self.device = device
         self.norm = norm
         self.dist = distributed.info()
         self.generator = torch.Generator().manual_seed(seed)  # permutations: the same on every rank
         self.augment_generator = self._augment_generator(seed)
-        self.progress = progress_of(on_progress if self.dist.is_main else None)  # rank 0 alone reports
+        self.watchers = watchers_of(on_progress if self.dist.is_main else None)  # rank 0 alone reports
         self.task = 0  # the step's task number (its learning rate): given to for_step
         self.validator: Validator | None = None  # --val-fraction: the step's held-out images, given to for_step
         self.channels_last = True
@@ -221,6 +221,7 @@ class Engine:
         Everything built here (layout, optimiser, DDP wrapper, compiled graphs) is built once per
         phase; the epoch loop only launches work and reads the loss once per epoch.
         """
+        graphs_on = self._graphs_on()
         self._to_layout(model, phase.teacher)
         lr = phase_lr(self.cfg, self.task, phase)
         opt = make_optimizer(model, self.cfg, self.device, lr)
@@ -233,7 +234,7 @@ class Engine:
             return self._step(student, teacher, model, data, idx, phase, opt, set_to_none)
 
         graphed = None
-        if self._graphs_on():
+        if graphs_on:
             graphs.device_lr(opt, self.device)
             graphed = graphs.GraphedStep(step, self.device, self.augment_generator, self.cfg.batch_size)
         start, seen, loss = time.perf_counter(), 0, float("nan")
@@ -249,7 +250,7 @@ class Engine:
                 sched.before_step()
                 total += (step(idx) if graphed is None else graphed(idx)).detach()
                 count += 1
-                self.progress.on_batch(count, batches)
+                self.watchers.on_batch(count, batches)
             lr = sched.current
             sched.step()
             loss = self._epoch_loss(total, count)  # the epoch's one host synchronisation
@@ -264,8 +265,10 @@ class Engine:
             extra["cuda_graph"] = graphed.status
         distributed.broadcast_module(model, self.dist)
         seconds = time.perf_counter() - start
-        return PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9),
-                           precision=self.precision, processes=self.dist.world_size, extra=extra)
+        report = PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9),
+                             precision=self.precision, processes=self.dist.world_size, extra=extra)
+        self.watchers.on_phase(report)
+        return report
 
     def _step(self, student: nn.Module, teacher: nn.Module | None, model: nn.Module, data: DeviceData,
               idx: torch.Tensor, phase: Phase, opt: torch.optim.Optimizer, set_to_none: bool = True) -> torch.Tensor:
@@ -318,7 +321,7 @@ class Engine:
         return torch.compile(model) if self.cfg.compile else model
 
     def _emit(self, phase: Phase, epoch: int, loss: float, rate: float, lr: float) -> None:
-        self.progress.on_epoch(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision, lr))
+        self.watchers.on_epoch(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision, lr))
 
     @torch.no_grad()
     def logits(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
@@ -338,21 +341,18 @@ class Engine:
         exported ONNX model and ``sb predict`` compute, and exemplar features do not depend on it.
         """
         with compute_threads(self.cfg.threads):
-            return self._features_or_logits(model, images, features)
-
-    def _features_or_logits(self, model: nn.Module, images: torch.Tensor, features: bool) -> torch.Tensor:
-        was_training = model.training
-        model.eval()
-        lo, hi = distributed.shard_range(len(images), self.dist)
-        # a rank with an empty shard still runs one empty batch, so that it has rows to gather
-        starts = list(range(lo, hi, self.cfg.eval_batch_size)) or ([lo] if self.dist.enabled else [])
-        outputs = []
-        with exact_float32(self.device):
-            for start in starts:
-                x = normalize(images[start : min(hi, start + self.cfg.eval_batch_size)].to(self.device), self.norm,
-                              self.channels_last)
-                outputs.append(model.forward_features(x) if features else model(x))
-        model.train(was_training)
-        if not outputs:
-            return torch.zeros(0)
-        return distributed.gather_rows(torch.cat(outputs), len(images), self.dist).cpu()
+            was_training = model.training
+            model.eval()
+            lo, hi = distributed.shard_range(len(images), self.dist)
+            # a rank with an empty shard still runs one empty batch, so that it has rows to gather
+            starts = list(range(lo, hi, self.cfg.eval_batch_size)) or ([lo] if self.dist.enabled else [])
+            outputs = []
+            with exact_float32(self.device):
+                for start in starts:
+                    x = normalize(images[start : min(hi, start + self.cfg.eval_batch_size)].to(self.device), self.norm,
+                                  self.channels_last)
+                    outputs.append(model.forward_features(x) if features else model(x))
+            model.train(was_training)
+            if not outputs:
+                return torch.zeros(0)
+            return distributed.gather_rows(torch.cat(outputs), len(images), self.dist).cpu()

@@ -176,7 +176,7 @@ def metadata(learner: Learner, cfg: OnnxConfig = OnnxConfig()) -> dict[str, str]
         "inference": inference_rule(learner),
         "steps": str(s.steps),
         "arch": f"{s.arch} x{s.width}",
-        "provenance": json.dumps(s.provenance),
+        "provenance": json.dumps(s.provenance.to_json()),
     }
 
 

@@ -70,7 +70,7 @@ def open_learner(path: Path, device: str = "auto") -> TorchClassifier:
     learner = Learner.load(path, "cpu")
     s = learner.state
     return TorchClassifier(Path(path), serving_model(learner).to(dev), list(s.class_names), s.image_size, dev,
-                           preprocess.for_model(s.image_size, s.normalization), dict(s.provenance))
+                           preprocess.for_model(s.image_size, s.normalization), s.provenance.to_json())
 
 
 def learner_onnx(learner_dir: Path) -> Path:

@@ -22,6 +22,7 @@ from typing import Any
 
 from sbcli import __version__
 from sbcli.data.records import display_name, public_record
+from sbcli.learner.records import StepRecord
 from sbcli.learner.state import LearnerState
 from sbcli.methods import METHODS
 from sbcli.methods.rules import RULES
@@ -70,7 +71,7 @@ def method_title(name: str) -> str:
 
 
 def _sources(state: LearnerState) -> list[dict]:
-    return [public_record(t["source"]) for t in state.tasks]
+    return [public_record(t.source) for t in state.tasks]
 
 
 def hub_datasets(state: LearnerState) -> list[str]:
@@ -95,14 +96,14 @@ def eval_results(state: LearnerState) -> list[Any]:
 
     results = []
     for h in state.history:
-        step, m = h["step"], h["metrics"]
+        step, m = h.step, h.metrics
         dataset_type, dataset_name = _dataset(state, step)
-        for key, what in (("overall", f"all {h['num_classes']} classes"), ("old", "old classes"), ("new", "new classes")):
-            if _finite(m.get(key)):
+        for value, what in ((m.overall, f"all {h.num_classes} classes"), (m.old, "old classes"), (m.new, "new classes")):
+            if _finite(value):
                 results.append(EvalResult(
                     task_type="image-classification", task_name="class-incremental image classification",
                     dataset_type=dataset_type, dataset_name=dataset_name, dataset_config=f"step-{step}",
-                    dataset_split="test", metric_type="accuracy", metric_value=round(float(m[key]), 4),
+                    dataset_split="test", metric_type="accuracy", metric_value=round(float(value), 4),
                     metric_name=f"top-1 accuracy (%) on {what} after step {step}"))
     return results
 
@@ -135,17 +136,17 @@ def source_table(state: LearnerState) -> str:
     return "\n".join(rows)
 
 
-def accuracy_table(history: Iterable[dict]) -> str:
+def accuracy_table(history: Iterable[StepRecord]) -> str:
     """Accuracy (%) after each step: overall, old, new and per task."""
     rows = ["| step | classes | accuracy | old | new | per task |", "|---:|---:|---:|---:|---:|---|"]
     for h in history:
-        m = h["metrics"]
-        per_task = " / ".join(_pct(v) for v in m["per_task"])
-        rows.append(f"| {h['step']} | {h['num_classes']} | {_pct(m['overall'])} | {_pct(m['old'])} | {_pct(m['new'])} | {per_task} |")
+        m = h.metrics
+        per_task = " / ".join(_pct(v) for v in m.per_task)
+        rows.append(f"| {h.step} | {h.num_classes} | {_pct(m.overall)} | {_pct(m.old)} | {_pct(m.new)} | {per_task} |")
     return "\n".join(rows)
 
 
-def summary_line(history: list[dict]) -> str:
+def summary_line(history: list[StepRecord]) -> str:
     s = history_summary(history)
     return (f"Average incremental accuracy {_pct(s['avg_incremental_2_to_T'])} % over steps 2..T (the paper's), "
             f"{_pct(s['avg_incremental_1_to_T'])} % over 1..T; last step {_pct(s['last'])} %; "
@@ -159,12 +160,12 @@ def settings_block(state: LearnerState, inference: str) -> str:
         f"- method: `{state.method}`: {method_title(state.method)}",
         f"- inference: `{inference}`: {RULES.get(inference).card if inference in RULES.names() else inference}",
         f"- network: {state.arch}, width x{state.width}, input {state.image_size}x{state.image_size} RGB",
-        *([f"- pretrained backbone: `{json.dumps(state.provenance['pretrained'])}`"] if "pretrained" in state.provenance else []),
+        *([f"- pretrained backbone: `{json.dumps(state.provenance.pretrained)}`"] if state.provenance.pretrained is not None else []),
         f"- normalisation: mean {norm['mean']}, std {norm['std']}",
         f"- method hyperparameters: `{json.dumps(dataclasses.asdict(state.method_config))}`",
         f"- training settings a next step starts from: `{json.dumps(dataclasses.asdict(state.train_config))}`",
-        f"- exemplar memory: budget {state.memory['budget']}, selection {state.memory['selection']}",
-        f"- provenance: `{json.dumps(state.provenance)}`",
+        f"- exemplar memory: budget {state.memory.budget}, selection {state.memory.selection}",
+        f"- provenance: `{json.dumps(state.provenance.to_json())}`",
     ])
 
 
@@ -173,17 +174,17 @@ def step_settings_table(state: LearnerState) -> str:
     rows = ["| step | phases (epochs) | training settings of this step |", "|---:|---|---|"]
     before: dict | None = None
     for h in state.history:
-        phases = ", ".join(f"{p['name']} {p['epochs']}" for p in h.get("phases", [])) or "-"
-        cfg = h.get("train_config")
+        phases = ", ".join(f"{p['name']} {p['epochs']}" for p in h.phases) or "-"
+        cfg = h.train_config
         if cfg is None:
             what = "not recorded (learned before sbcli kept each step's settings)"
         elif before is None:
             what = f"`{json.dumps(cfg)}`"
         else:
             changed = {k: v for k, v in cfg.items() if before.get(k) != v}
-            what = f"as step {h['step'] - 1}, but `{json.dumps(changed)}`" if changed else f"as step {h['step'] - 1}"
+            what = f"as step {h.step - 1}, but `{json.dumps(changed)}`" if changed else f"as step {h.step - 1}"
         before = cfg if cfg is not None else before
-        rows.append(f"| {h['step']} | {phases} | {what} |")
+        rows.append(f"| {h.step} | {phases} | {what} |")
     return "\n".join(rows)
 
 
@@ -213,8 +214,8 @@ def inside_block(state: LearnerState, facts: CardFacts) -> str:
         memory = ("- **Training images inside: no.** The exemplar memory was left out (push with `--with-memory` to "
                   "share it): `sb add-task` on this learner refuses until you pass `--no-rehearsal`, which grows it "
                   "by distillation alone (it then forgets more than the method would with its memory).")
-    cap = state.test_sample.get("cap") if state.test_sample else None
-    declined = state.test_sample.get("declined_tasks", []) if state.test_sample else []
+    cap = state.test_sample.cap if state.test_sample is not None else None
+    declined = state.test_sample.declined_tasks if state.test_sample is not None else []
     if facts.test_images:
         test = (f"- **Test images inside: yes.** `test-sample.safetensors` carries {facts.test_images} held-out test "
                 f"images (at most {cap} per class), so `sb evaluate` works on any machine.")

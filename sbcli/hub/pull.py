@@ -5,7 +5,7 @@ file hashes for what is fetched, every listed file must match its SHA-256; files
 a temporary folder beside the target, verified there, checked to be a learner, and only then
 moved into place, so a refused pull leaves nothing behind. With or without zoo hashes, every file
 the learner names must match the SHA-256 and size its own ``learner.json`` records (format 3,
-:mod:`sbcli.learner.store.integrity`): a flipped bit or a zeroed tail fails the pull.
+:mod:`sbcli.learner.store.layout`): a flipped bit or a zeroed tail fails the pull.
 """
 
 from __future__ import annotations
@@ -202,7 +202,7 @@ def contents(learner: Any) -> dict[str, Any]:
             "exemplar_images": len(learner.memory),
             "test_images": 0 if learner.test_sample is None else len(learner.test_sample),
             # tasks of the demo, whose test images ship with sbcli: `sb evaluate` finds them anywhere
-            "bundled_test_tasks": sum(t["source"].get("kind") == "demo" for t in s.tasks)}
+            "bundled_test_tasks": sum(t.source.get("kind") == "demo" for t in s.tasks)}
 
 
 def content_notes(inside: dict[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import shutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ class Upload:
 def public_state(state: Any) -> Any:
     """A copy of a learner state whose data sources are public records (no machine paths)."""
     out = copy.deepcopy(state)
-    out.tasks = [{**task, "source": public_record(task["source"])} for task in out.tasks]
+    out.tasks = [replace(task, source=public_record(task.source)) for task in out.tasks]
     if out.plan and isinstance(out.plan.get("source"), dict):
         out.plan = {**out.plan, "source": public_record(out.plan["source"])}
     return out
@@ -60,7 +60,8 @@ def stage(learner_dir: Path, work: Path, upload: Upload, onnx_cfg: Any) -> tuple
     learner = Learner.load(learner_dir, "cpu")
     report = export_onnx(learner, work / ONNX_FILE, onnx_cfg)  # checked on the exemplars, before they are dropped
     if not upload.with_memory:
-        learner.memory = ExemplarMemory(**learner.state.memory)
+        settings = learner.state.memory
+        learner.memory = ExemplarMemory(settings.budget, settings.selection, settings.seed)
     learner.state = public_state(learner.state)
     folder = work / "upload"
     learner.publish(folder)

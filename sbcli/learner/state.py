@@ -31,10 +31,12 @@ from sbcli.errors import LearnerError
 from sbcli.jsonutil import config_from_json
 from sbcli.learner import test_sample as carried_sample
 from sbcli.learner import validate
+from sbcli.learner.records import MemorySettings, Provenance, StepRecord, TaskRecord, TestSampleSettings
 from sbcli.learner.store import legacy
 from sbcli.learner.store.commit import commit_step, write_flat
 from sbcli.learner.store.layout import FORMAT_VERSION, Stored, read_stored
 from sbcli.learner.test_sample import CarriedSample
+from sbcli.methods.base import MethodConfig
 from sbcli.methods.memory import ExemplarMemory
 from sbcli.nets import create_model
 from sbcli.nets.resnet import IncrementalResNet
@@ -46,7 +48,8 @@ class LearnerState:
     """The JSON half of a learner (everything but tensors), typed where a run reads it.
 
     ``method_config`` is the method's ``Config`` and ``train_config`` the engine's
-    :class:`TrainConfig`; :meth:`to_json` and :meth:`from_json` are the one way between this and
+    :class:`TrainConfig`; the history, tasks, memory, test-sample settings and provenance are the records of
+    :mod:`sbcli.learner.records`. :meth:`to_json` and :meth:`from_json` are the one way between this and
     ``learner.json``.
     """
 
@@ -55,17 +58,17 @@ class LearnerState:
     image_size: int
     normalization: dict
     method: str
-    method_config: Any  # the method's Config (sbcli.methods)
+    method_config: MethodConfig  # the method's own Config (sbcli.methods)
     train_config: TrainConfig
-    memory: dict  # budget, selection, seed
+    memory: MemorySettings
     seed: int
     class_names: list[str] = field(default_factory=list)
     class_task: list[int] = field(default_factory=list)
-    tasks: list[dict] = field(default_factory=list)  # per step: classes, train and test source
-    history: list[dict] = field(default_factory=list)  # per step: metrics, phases, records
+    tasks: list[TaskRecord] = field(default_factory=list)  # per step: classes and their source
+    history: list[StepRecord] = field(default_factory=list)  # per step: metrics, phases, the method's record
     plan: dict | None = None  # a whole sequence: source and scenario, for --resume
-    provenance: dict = field(default_factory=dict)
-    test_sample: dict = field(default_factory=dict)  # the carried test sample: cap, images per class, declined tasks
+    provenance: Provenance = field(default_factory=Provenance)
+    test_sample: TestSampleSettings | None = None  # the carried test sample (None: none; ``{}`` in learner.json)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -75,8 +78,10 @@ class LearnerState:
     def to_json(self) -> dict[str, Any]:
         """The object ``learner.json`` (and each step's ``state.json``) holds."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        data["method_config"] = dataclasses.asdict(self.method_config)
-        data["train_config"] = dataclasses.asdict(self.train_config)
+        data.update(method_config=dataclasses.asdict(self.method_config), train_config=dataclasses.asdict(self.train_config),
+                    memory=self.memory.to_json(), tasks=[t.to_json() for t in self.tasks],
+                    history=[h.to_json() for h in self.history], provenance=self.provenance.to_json(),
+                    test_sample={} if self.test_sample is None else self.test_sample.to_json())
         return copy.deepcopy(data)
 
     @classmethod
@@ -94,7 +99,12 @@ class LearnerState:
         from sbcli.methods import METHODS
 
         typed = {**data, "train_config": config_from_json(TrainConfig, data["train_config"]),
-                 "method_config": config_from_json(METHODS.get(data["method"]).config, data["method_config"])}
+                 "method_config": config_from_json(METHODS.get(data["method"]).config, data["method_config"]),
+                 "memory": MemorySettings.from_json(data["memory"]),
+                 "tasks": [TaskRecord.from_json(t) for t in data.get("tasks", [])],
+                 "history": [StepRecord.from_json(h) for h in data.get("history", [])],
+                 "provenance": Provenance.from_json(data.get("provenance", {})),
+                 "test_sample": TestSampleSettings.from_json(data.get("test_sample", {}))}
         return cls(**typed)
 
     @property
@@ -162,9 +172,8 @@ class Learner:
 
     @classmethod
     def _read(cls, stored: Stored, device: torch.device | str, step: int | None) -> "Learner":
-        files = stored.step_files(step)
+        state, files = _step_state(stored, step)
         root = stored.root
-        state = _step_state(stored, step)
         tensors = _tensors(stored, files["model"])
         validate.check_model_tensors(tensors, state, root / files["model"])  # before any network is built
         model = create_model(state.arch, state.num_classes, state.width)
@@ -191,7 +200,7 @@ def read_state(path: Path, step: int | None = None) -> LearnerState:
     missing = [rel for rel in stored.step_files(step).values() if not (stored.root / rel).is_file()]
     if missing:
         raise LearnerError(f"The learner at {path} is missing {', '.join(missing)}; restore the directory from a copy.")
-    return _step_state(stored, step)
+    return _step_state(stored, step)[0]
 
 
 def kept_steps(path: Path) -> list[int]:
@@ -199,8 +208,9 @@ def kept_steps(path: Path) -> list[int]:
     return sorted(open_stored(Path(path)).kept)
 
 
-def _step_state(stored: Stored, step: int | None) -> LearnerState:
-    stored.step_files(step)
+def _step_state(stored: Stored, step: int | None) -> tuple[LearnerState, dict[str, str]]:
+    """The state of kept ``step`` (default: the current one), checked, and the files the step names."""
+    files = stored.step_files(step)
     data, where = stored.step_state(stored.current if step is None else step)
     validate.check_state_json(data, where)
     if step is None or step == stored.current:
@@ -208,7 +218,7 @@ def _step_state(stored: Stored, step: int | None) -> LearnerState:
     if not isinstance(data, dict):
         raise LearnerError(f"{where} holds a JSON {type(data).__name__}, not an object; restore it from a copy.")
     try:
-        return LearnerState.from_json(data)
+        return LearnerState.from_json(data), files
     except TypeError as err:
         raise LearnerError(f"{where} has unexpected fields ({err}); restore it from a copy.") from err
 
@@ -233,7 +243,7 @@ def _load_memory(stored: Stored, rel: str, state: LearnerState) -> ExemplarMemor
     validate.check_memory_tensors(tensors, state, path)
     if "images" not in tensors or "labels" not in tensors:
         raise LearnerError(f"{path} lacks images or labels; restore the learner from a copy.")
-    memory = ExemplarMemory(**state.memory)
+    memory = ExemplarMemory(state.memory.budget, state.memory.selection, state.memory.seed)
     if len(tensors["labels"]):
         memory.images, memory.labels = tensors["images"], tensors["labels"].long()
     return memory
@@ -241,11 +251,11 @@ def _load_memory(stored: Stored, rel: str, state: LearnerState) -> ExemplarMemor
 
 def _load_sample(stored: Stored, files: dict[str, str], state: LearnerState) -> CarriedSample | None:
     """The carried test sample, checked against what learner.json records of it (None when it has none)."""
-    if not state.test_sample:
+    if state.test_sample is None:
         return None
     rel = files.get("test_sample")
     if rel is None:
         raise LearnerError(f"learner.json of {stored.root} records a test sample but names no file for it; "
                            "restore the learner from a copy.")
     path = stored.root / rel
-    return carried_sample.check(_tensors(stored, rel), state.test_sample, state.num_classes, state.image_size, path)
+    return carried_sample.check(_tensors(stored, rel), state.test_sample.counts, state.num_classes, state.image_size, path)

@@ -67,14 +67,10 @@ def joined(old: CarriedSample | None, new: CarriedSample) -> CarriedSample:
     return CarriedSample(torch.cat([old.images, new.images]), torch.cat([old.labels, new.labels]))
 
 
-def info(sample: CarriedSample, num_classes: int, cap: int, declined: list[int]) -> dict:
-    """What ``learner.json`` keeps about the sample (``state.test_sample``)."""
-    return {"cap": cap, "counts": sample.counts(num_classes), "declined_tasks": sorted(declined)}
-
-
-def check(tensors: dict[str, torch.Tensor], recorded: dict, num_classes: int, image_size: int,
+def check(tensors: dict[str, torch.Tensor], recorded: list[int], num_classes: int, image_size: int,
           where: Path) -> CarriedSample:
-    """The sample read from ``where``, checked against what ``learner.json`` says of it.
+    """The sample read from ``where``, checked against the images per class ``learner.json`` records of it
+    (``recorded``: ``state.test_sample.counts``, :class:`sbcli.learner.records.TestSampleSettings`).
 
     Raises:
         LearnerError: wrong tensors, dtypes or shapes, labels outside the learner's classes, or
@@ -94,9 +90,9 @@ def check(tensors: dict[str, torch.Tensor], recorded: dict, num_classes: int, im
                            f"this learner; {fix}.")
     sample = CarriedSample(images, labels)
     counts = sample.counts(num_classes)
-    expected = list(recorded.get("counts", []))
+    expected = list(recorded)
     expected += [0] * (num_classes - len(expected))  # classes learned after the sample was recorded have none
     if counts != expected:
         raise LearnerError(f"{where} holds {counts} test images per class, learner.json records "
-                           f"{recorded.get('counts')}: the sample does not match this learner's classes; {fix}.")
+                           f"{recorded}: the sample does not match this learner's classes; {fix}.")
     return sample

@@ -35,7 +35,7 @@ def balanced_finetune(model: IncrementalResNet, memory: tuple[torch.Tensor, torc
     images, labels = memory
     if epochs <= 0 or len(labels) == 0:
         return None
+    phase = balance_phase(epochs, lr, hold_bias_at_zero)
     if hold_bias_at_zero:
         zero_head_bias(model)
-    data = DeviceData.join([(images, labels)], engine.device)
-    return engine.run(model, data, balance_phase(epochs, lr, hold_bias_at_zero))
+    return engine.run(model, DeviceData.join([(images, labels)], engine.device), phase)

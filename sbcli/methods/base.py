@@ -181,6 +181,10 @@ def build_config(name: str, options: dict[str, Any]) -> Any:
     if unknown:
         flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
         raise ConfigError(f"{flags} does not apply to --method {name}; drop it or pick a method that takes it.")
+    rule = given.get("inference")
+    if rule is not None and rule not in spec.inferences:
+        offered = " or ".join(f"{r} ({RULES.get(r).summary})" for r in spec.inferences)
+        raise ConfigError(f"--inference {rule} is not available for --method {name}; choose {offered}.")
     return spec.config(**given)
 
 

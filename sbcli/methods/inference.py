@@ -8,6 +8,7 @@ rebuilds its state after every memory update (``icarl``'s class means).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -21,7 +22,8 @@ from sbcli.nets.resnet import IncrementalResNet
 def scores(model: IncrementalResNet, extra: dict[str, torch.Tensor], inference: str, engine: Engine,
            images: torch.Tensor) -> torch.Tensor:
     """Scores [N, C_seen] of uint8 images under the named inference rule."""
-    return engine.logits(scoring_module(model, extra, inference), images)
+    module = scoring_module(model, extra, inference)
+    return engine.logits(module, images)
 
 
 def scoring_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], inference: str) -> nn.Module:
@@ -41,12 +43,13 @@ def outside_network(inference: str) -> bool:
 
 
 def refresh_state(cfg: Any, model: IncrementalResNet, images: torch.Tensor, labels: torch.Tensor,
-                  engine: Engine) -> dict[str, torch.Tensor]:
+                  features: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, torch.Tensor]:
     """The state of ``cfg.inference`` rebuilt from the exemplars ``images``/``labels`` after a memory update.
 
-    ``cfg`` is the method's Config: a refresh may read its settings (iCaRL's ``nme_flips``).
+    ``cfg`` is the method's Config: a refresh may read its settings (iCaRL's ``nme_flips``). ``features``:
+    the pooled features of images under ``model`` as it is now (``Engine.features``).
 
     Empty for rules whose state does not depend on the memory (all but ``icarl``).
     """
     refresh = RULES.get(cfg.inference).refresh
-    return {} if refresh is None else refresh(model, images, labels, lambda x: engine.features(model, x), cfg)
+    return {} if refresh is None else refresh(model, images, labels, features, cfg)

@@ -1,107 +1,160 @@
-"""`sb add-task`: one new task for a learner on disk, checked in full before an image is decoded.
+"""`sb add-task`: one new task for a learner on disk, in one pass downward: load, check, data, step, save.
 
-The learner is locked against other writers from the start and changes on disk only when the step
-is saved; the old classes are measured on their own test sets when these are found
-(:mod:`sbcli.run.evalsets`), and a card or ONNX file that described the previous step is named.
+The learner is locked against other writers from the start, everything is checked before an image
+is decoded, and the learner changes on disk only when the step is saved; the old classes are
+measured on their own test sets when these are found (:mod:`sbcli.run.evalsets`).
+
+A learner can come from elsewhere. Pushed without ``--with-memory`` it holds no exemplars of its
+classes: growing it as if nothing were missing would rehearse nothing of the old classes, silently,
+so add-task refuses it unless ``--no-rehearsal`` asks for distillation alone. A pulled learner also
+holds the model card and ONNX file of the step it was pushed at; after add-task these no longer
+describe it, and the returned notes say what became of them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from sbcli.data import folder_classes
-from sbcli.data.catalog import open_spec, relabel, resolve_spec
+from sbcli.data.catalog import Opened, open_spec, relabel, resolve_spec
 from sbcli.data.imageset import ImageSet
 from sbcli.data.records import check_dataset_name, remember_source
 from sbcli.engine import distributed
 from sbcli.engine.device import resolve_device
 from sbcli.engine.loop import Engine
-from sbcli.engine.progress import ProgressLike
-from sbcli.errors import ConfigError, DataError
+from sbcli.errors import ConfigError, DataError, LearnerError
 from sbcli.learner import preflight, validate
-from sbcli.learner.state import Learner
+from sbcli.learner.records import TaskRecord
+from sbcli.learner.state import Learner, LearnerState
 from sbcli.learner.store.lock import writer_lock
-from sbcli.run import banner, evalsets, growing
-from sbcli.run.growing import AddTaskOptions
-from sbcli.run.sequence import announce_plan, announce_start, check_keep, empty_like, save_from_main
+from sbcli.methods import METHODS
+from sbcli.methods.base import balance_epochs
+from sbcli.methods.memory import class_quotas
+from sbcli.run import banner, evalsets
+from sbcli.run.plan import announce_plan, epochs_trained
+from sbcli.run.sequence import check_keep, empty_like, save_from_main
 from sbcli.run.steps import StepSummary, learn_step
+from sbcli.watch.watcher import WatcherLike, watchers_of
+
+PUBLISHED_FILES = ("README.md", "model.onnx")  # what an export or a pull leaves in a learner directory
+
+
+@dataclass(frozen=True)
+class AddTaskOptions:
+    """What `sb add-task` may change about how a step is learned and recorded."""
+
+    epochs: int | None = None
+    method: str | None = None
+    data_roots: list[Path] = field(default_factory=list)  # where moved test sets of earlier tasks now are
+    test_sample: bool = True  # carry a sample of the new classes' test images
+    no_rehearsal: bool = False  # grow without exemplars of the old classes (a learner pulled without memory)
+    balance_epochs: int | None = None  # class-balanced fine-tuning after this step and later ones (recorded); None: as recorded
+    name: str | None = None  # what the new data is called on the card (default: the folder above train/test)
 
 
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
              epochs: int | None = None, method: str | None = None, warmup_epochs: float | None = None,
              keep: int | None = None, options: AddTaskOptions | None = None,
-             on_progress: ProgressLike | None = None) -> StepSummary:
+             on_progress: WatcherLike = None) -> StepSummary:
     """Learn the classes of ``folder`` as a new task of the learner at ``learner_dir`` (:func:`sbcli.api.add_task`)."""
     check_keep(keep)
     opts = options or AddTaskOptions(epochs=epochs, method=method)
     check_dataset_name(opts.name)
     opts = dataclasses.replace(opts, epochs=opts.epochs if epochs is None else epochs, method=opts.method or method)
-    with writer_lock(Path(learner_dir), "add-task", enabled=distributed.is_main_process()):
-        return _add_task(Path(learner_dir), folder, test, device, opts, warmup_epochs, keep, on_progress)
+    learner_dir, main = Path(learner_dir), distributed.is_main_process()
+    with watchers_of(on_progress if main else None) as watchers, writer_lock(learner_dir, "add-task", enabled=main):
+        dev = resolve_device(device)  # load
+        learner = Learner.load(learner_dir, dev)
+        state = learner.state
+        preflight.check_writable(learner_dir)  # check
+        logged = {"learner": str(learner_dir), "folder": str(folder), "method": state.method,  # what logs record: as loaded
+                  "method_config": dataclasses.asdict(state.method_config),
+                  "train": {**dataclasses.asdict(state.train_config), "epochs": opts.epochs or state.train_config.epochs}}
+        before = epochs_trained(state.history)
+        _check(learner, learner_dir, opts, warmup_epochs)
+        spec, opened = _open(folder, test, state)  # data
+        new = list(opened.train.class_names)
+        trains = METHODS.get(state.method).plan(state.method_config, state.train_config.epochs, state.num_classes,
+                                                state.num_classes + len(new)) > 0  # a frozen backbone's later steps do not
+        start = banner.banner(len(new), len(opened.train), len(opened.test) if opened.test is not None else 0,
+                              state.image_size, banner.folder_sizes(Path(spec["path"])), f"{state.arch}, width x{state.width:g}",
+                              state.train_config, dev, trains=trains, options=logged, epochs_before=before)
+        preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
+                                                                     state.image_size, state.memory.budget))
+        old = evalsets.test_data(learner, opts.data_roots) if state.tasks else None
+        names = state.class_names + new
+        train_set = relabel(opened.train, names, new)
+        new_test = relabel(opened.test, names, new) if opened.test else empty_like(train_set)
+        parts = [p for p in (old.test if old else None, new_test) if p is not None and len(p)]
+        test_set = (ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts
+                    else empty_like(train_set))
+        published = [name for name in PUBLISHED_FILES if (learner_dir / name).is_file()]
+        record = TaskRecord(new, remember_source(spec, opened.train, opened.test, opts.name))
+        watchers.on_start(start)  # step
+        announce_plan(watchers, state, [*(state.class_task.count(t) for t in range(state.steps)), len(new)])
+        engine = Engine(state.train_config, dev, learner.norm, state.seed * 1000 + state.steps, watchers)
+        step = learn_step(learner, train_set, test_set, new, engine, record)
+        evalsets.carry(learner, new_test, list(range(len(names) - len(new), len(names))), opts.test_sample)
+        save_from_main(learner, learner_dir, keep)  # save
+        notes = ([old.describe()] if old else []) + _published_notes(learner_dir, published, state.steps)
+        summary = dataclasses.replace(step, notes=notes, state=state)
+        watchers.on_step(summary)
+        return summary
 
 
-def _add_task(learner_dir: Path, folder: Path, test: Path | None, device: str, opts: AddTaskOptions,
-              warmup_epochs: float | None, keep: int | None, on_progress: ProgressLike | None) -> StepSummary:
-    dev = resolve_device(device)
-    learner = Learner.load(learner_dir, dev)
-    preflight.check_writable(learner_dir)
-    if opts.method is not None and opts.method != learner.state.method:
-        raise ConfigError(f"The learner at {learner_dir} was trained with --method {learner.state.method}, not {opts.method}; "
+def _check(learner: Learner, where: Path, opts: AddTaskOptions, warmup_epochs: float | None) -> None:
+    """The learner grows as asked (its own method; exemplars of its classes to rehearse, unless
+    ``--no-rehearsal``), and the settings that change from here on: ``--balance-epochs`` (refused below 0
+    and under a rule that takes none), ``--epochs``, ``--warmup-epochs``, checked by the rules a load
+    applies and recorded with the step, so later steps keep them."""
+    state = learner.state
+    if opts.method is not None and opts.method != state.method:
+        raise ConfigError(f"The learner at {where} was trained with --method {state.method}, not {opts.method}; "
                           f"drop --method or start a new learner with `sb train --method {opts.method}`.")
-    growing.check_rehearsal(learner, learner_dir, opts.no_rehearsal)
-    growing.set_balance(learner, opts.balance_epochs)  # checked before any data is read; saved with the step
-    _set_schedule(learner, opts.epochs, warmup_epochs)
-    spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=learner.state.image_size,
+    if not opts.no_rehearsal and state.steps > 0:
+        quotas = class_quotas(learner.memory.budget, state.num_classes)
+        held = learner.memory.per_class_counts()
+        missing = [c for c, q in enumerate(quotas) if q > 0 and held.get(c, 0) == 0]
+        if missing:
+            raise LearnerError(f"The learner at {where} holds no exemplars of {len(missing)} of its {state.num_classes} "
+                               "classes (it was pushed or pulled without its memory), so add-task could not rehearse "
+                               "them; pass --no-rehearsal to grow it by distillation alone, or pull a push made with "
+                               "--with-memory.")
+    changes = {k: v for k, v in (("epochs", opts.epochs), ("warmup_epochs", warmup_epochs)) if v is not None}
+    if opts.balance_epochs is not None:
+        if opts.balance_epochs < 0:
+            raise ConfigError(f"--balance-epochs {opts.balance_epochs} is negative; give 0 (no balancing) or more.")
+        changes["balance_epochs"] = balance_epochs(state.method, state.method_config, opts.balance_epochs, asked=True)
+    validate.check_settings({"train_config": {**dataclasses.asdict(state.train_config), **changes}})
+    state.train_config = dataclasses.replace(state.train_config, **changes)
+
+
+def _open(folder: Path, test: Path | None, state: LearnerState) -> tuple[dict, Opened]:
+    """The new classes' images: one class-per-folder directory (its test folder of the same classes),
+    none of whose classes the learner knows."""
+    spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=state.image_size,
                         data_root=None, download=False)
     if spec["kind"] != "folder":
         raise DataError(f"{folder} is not a class-per-folder directory; add-task takes one folder per new class.")
     if test is not None:
         folder_classes.check_same_classes(Path(spec["path"]), Path(spec["test"]))
     opened = open_spec(spec)
-    new = list(opened.train.class_names)
-    clash = sorted(set(new) & set(learner.state.class_names))
+    clash = sorted(set(opened.train.class_names) & set(state.class_names))
     if clash:
         raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
-    state = learner.state
-    start = banner.banner(len(new), len(opened.train), len(opened.test) if opened.test is not None else 0,
-                          state.image_size, banner.folder_sizes(Path(spec["path"])), f"{state.arch}, width x{state.width:g}",
-                          state.train_config, dev, trains=_trains(state, len(new)))
-    preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
-                                                                 state.image_size, state.memory["budget"]))
-    old = evalsets.test_data(learner, opts.data_roots) if learner.state.tasks else None
-    record = remember_source(spec, opened.train, opened.test, opts.name)
-    names = learner.state.class_names + new
-    num_old = len(learner.state.class_names)
-    train_set = relabel(opened.train, names, new)
-    new_test = relabel(opened.test, names, new) if opened.test else empty_like(train_set)
-    parts = [p for p in (old.test if old else None, new_test) if p is not None and len(p)]
-    test_set = ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts else empty_like(train_set)
-    published = growing.published_files(learner_dir)
-    cfg = learner.state.train_config
-    announce_start(on_progress, start)
-    announce_plan(on_progress, learner.state, [*(learner.state.class_task.count(t) for t in range(learner.state.steps)), len(new)])
-    engine = Engine(cfg, dev, learner.norm, learner.state.seed * 1000 + learner.state.steps, on_progress)
-    step = learn_step(learner, train_set, test_set, new, engine, {"classes": new, "source": record})
-    evalsets.carry(learner, new_test, list(range(num_old, len(names))), opts.test_sample)
-    save_from_main(learner, learner_dir, keep)
-    notes = ([old.describe()] if old else []) + growing.published_notes(learner_dir, published, learner.state.steps)
-    return dataclasses.replace(step, notes=notes, state=learner.state)
+    return spec, opened
 
 
-def _set_schedule(learner: Learner, epochs: int | None, warmup_epochs: float | None) -> None:
-    """`--epochs` and `--warmup-epochs` (recorded: later steps keep them), checked by the rules a load applies."""
-    cfg = learner.state.train_config
-    changes = {k: v for k, v in (("epochs", epochs), ("warmup_epochs", warmup_epochs)) if v is not None}
-    validate.check_settings({"train_config": {**dataclasses.asdict(cfg), **changes}})
-    learner.state.train_config = dataclasses.replace(cfg, **changes)
-
-
-def _trains(state, new: int) -> bool:
-    """Whether the step trains at all (a frozen-backbone method's later steps do not)."""
-    from sbcli.methods import METHODS
-
-    return METHODS.get(state.method).plan(state.method_config, state.train_config.epochs, state.num_classes,
-                                          state.num_classes + new) > 0
+def _published_notes(learner_dir: Path, before: list[str], step: int) -> list[str]:
+    """What became of the card and ONNX file of the previous step, in one sentence each."""
+    notes = []
+    for name in before:
+        fate = "is now stale (it still describes" if (learner_dir / name).is_file() else "was removed (it described"
+        redo = (f"`sb export {learner_dir} --to-hub REPO` pushes the card of step {step}" if name == "README.md"
+                else f"`sb export {learner_dir} --format onnx -o model.onnx` writes step {step} outside the learner")
+        notes.append(f"{name} in {learner_dir} {fate} step {step - 1}); {redo}.")
+    return notes

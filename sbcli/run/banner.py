@@ -1,5 +1,7 @@
 """What a run is about to do, said once at its start: the data found, its resolution, the network,
-the epochs, the device and the precision (the API builds it; the terminal prints :meth:`RunBanner.text`)."""
+the epochs, the device and the precision (the API builds it; the terminal prints :meth:`RunBanner.text`),
+and for the experiment logs the settings the run starts with and the epochs the learner trained before.
+It is what watchers are told at ``on_start`` (:mod:`sbcli.watch.watcher`)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,8 @@ class RunBanner:
     balance_epochs: int = 0
     device: str = "cpu"
     precision: str = "fp32"  # what the steps compute in: bf16 or fp32
+    options: dict = field(default_factory=dict)  # the settings the run starts with, as an experiment log records them
+    epochs_before: int = 0  # epochs the learner trained before this run (a log's epochs count on from there)
 
     def text(self) -> str:
         test = f", {self.test_images} test images" if self.test_images else ", no test images"
@@ -73,10 +77,11 @@ def folder_sizes(root: Path, limit: int = PEEK) -> list[str]:
 
 
 def banner(classes: int, train_images: int, test_images: int, image_size: int, sizes: list[str], network: str,
-           train: TrainConfig, device: torch.device, trains: bool = True) -> RunBanner:
+           train: TrainConfig, device: torch.device, trains: bool = True, options: dict | None = None,
+           epochs_before: int = 0) -> RunBanner:
     """The banner of a run that trains at ``image_size`` on images that come in ``sizes`` (``trains``: False for a
     method that trains nothing in this run, such as a ridge head or prototypes on a frozen backbone)."""
     square = f"{image_size}x{image_size}"
     return RunBanner(classes, train_images, test_images, image_size, [s for s in sizes if s != square], network,
                      train.epochs if trains else 0, (train.balance_epochs or 0) if trains else 0, str(device),
-                     "bf16" if uses_bf16(train.precision, device) else "fp32")
+                     "bf16" if uses_bf16(train.precision, device) else "fp32", dict(options or {}), epochs_before)

@@ -23,6 +23,7 @@ from sbcli.data.imageset import ImageSet
 from sbcli.data.records import is_legacy, test_fingerprint, test_name
 from sbcli.data.whereabouts import recall
 from sbcli.errors import DataError
+from sbcli.learner.records import TaskRecord, TestSampleSettings
 from sbcli.learner.test_sample import CarriedSample
 
 DEFAULT_DATASETS = Path.home() / ".cache" / "sbcli" / "datasets"
@@ -82,14 +83,18 @@ class Finder:
     data_roots: list[Path] = field(default_factory=list)
     matched_roots: set[Path] = field(default_factory=set)
     seen_in_roots: dict[Path, list[str]] = field(default_factory=dict)
+    known: list[str] = field(default_factory=list)  # each recorded test set looked for, "'name': its classes"
     _opened: dict[tuple, _Found] = field(default_factory=dict)
     _hashes: dict[tuple, str] = field(default_factory=dict)
 
-    def find(self, record: dict) -> _Found:
-        """The recorded test set when found unchanged; else ``images=None`` and why."""
+    def find(self, task: TaskRecord) -> _Found:
+        """The test set ``task`` recorded, when found unchanged; else ``images=None`` and why."""
+        record = task.source
         name, recorded = test_name(record), test_fingerprint(record)
         if name is None:
             return _Found(None, "", "no test folder was given when it was learned")
+        classes = recorded.classes if recorded is not None else task.classes
+        self.known.append(f"'{name}': {', '.join(classes[:4])}{', ...' if len(classes) > 4 else ''}")
         reasons: list[str] = []
         for spec, root in self._candidates(record, name, recorded):
             if not self._plausible(spec, root, recorded):
@@ -166,8 +171,9 @@ class Finder:
                 out.append(({"kind": kind, "root": str(path), "download": False}, root))
         return out
 
-    def check_roots(self, known: list[str]) -> None:
+    def check_roots(self) -> None:
         """Refuse a data root that none of the learner's test sets was recognised in."""
+        known = list(dict.fromkeys(self.known))
         for root in self.data_roots:
             if root in self.matched_roots:
                 continue
@@ -193,14 +199,15 @@ def choose(state, sample: CarriedSample | None, data_roots: list[Path] | None = 
         DataError: a ``--data-root`` that none of the tasks' test sets was found in.
     """
     finder = Finder([Path(r).expanduser().resolve() for r in data_roots or []])
-    declined = set(state.test_sample.get("declined_tasks", [])) if state.test_sample else set()
+    declined = set(state.test_sample.declined_tasks) if state.test_sample is not None else set()
     parts: list[ImageSet] = []
     report: list[TaskTestData] = []
     for step, task in enumerate(state.tasks):
-        classes = list(task["classes"])
-        found = finder.find(task["source"])
+        classes = list(task.classes)
+        found = finder.find(task)
         if found.images is not None:
-            part = relabel(_resized(found.images, task["source"]), state.class_names, classes)
+            images = _resized(found.images, task.source)  # a benchmark's at the resolution the learner trained at
+            part = relabel(images, state.class_names, classes)
             report.append(TaskTestData(step + 1, classes, "folder", len(part), f"the test set at {found.where}"))
             parts.append(part)
             continue
@@ -213,19 +220,8 @@ def choose(state, sample: CarriedSample | None, data_roots: list[Path] | None = 
         lack = ("its owner kept them out of the learner (--no-test-sample)" if step + 1 in declined
                 else "the learner carries no test sample of these classes")
         report.append(TaskTestData(step + 1, classes, "none", 0, f"nowhere: {found.why} and {lack}"))
-    finder.check_roots(_known_names(state.tasks))
+    finder.check_roots()
     return EvalData(_join(parts, state.class_names), report)
-
-
-def _known_names(tasks: list[dict]) -> list[str]:
-    """Each recorded test set as "'name': its classes", for messages."""
-    out = []
-    for task in tasks:
-        name, recorded = test_name(task["source"]), test_fingerprint(task["source"])
-        if name is not None:
-            classes = recorded.classes if recorded is not None else task["classes"]
-            out.append(f"'{name}': {', '.join(classes[:4])}{', ...' if len(classes) > 4 else ''}")
-    return list(dict.fromkeys(out))
 
 
 def _resized(images: ImageSet, record: dict) -> ImageSet:
@@ -269,12 +265,12 @@ def carry(learner, test: ImageSet, new_ids: list[int], keep: bool) -> None:
     from sbcli.learner import test_sample as cs
 
     state = learner.state
-    cap = int(state.test_sample.get("cap", cs.DEFAULT_CAP)) if state.test_sample else cs.DEFAULT_CAP
-    declined = list(state.test_sample.get("declined_tasks", [])) if state.test_sample else []
+    recorded = state.test_sample if state.test_sample is not None else TestSampleSettings()
+    cap, declined = recorded.cap, list(recorded.declined_tasks)
     if keep:
         new = cs.take(test, new_ids, cap, state.seed)
     else:
         new = cs.CarriedSample.empty(state.image_size)
         declined.append(state.steps)
     learner.test_sample = cs.joined(learner.test_sample, new)
-    state.test_sample = cs.info(learner.test_sample, state.num_classes, cap, declined)
+    state.test_sample = TestSampleSettings.of(learner.test_sample, state.num_classes, cap, declined)

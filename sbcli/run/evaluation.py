@@ -16,7 +16,8 @@ from sbcli.run.steps import evaluate_learner
 
 def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto", step: int | None = None,
              data_roots: list[Path] | None = None) -> dict:
-    """Accuracy of the learner, its history and summary, and which test images were used (:func:`sbcli.api.evaluate`)."""
+    """Accuracy of the learner, its history (its :class:`sbcli.learner.records.StepRecord`) and summary, and which
+    test images were used (:func:`sbcli.api.evaluate`)."""
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev, step)
     state = learner.state
@@ -35,5 +36,5 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
     metrics = evaluate_learner(learner, engine, test)
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
             "test_images": len(test), "test_data": used, "metrics": metrics.to_json(), "history": state.history,
-            "accuracy_matrix": [h["metrics"]["per_task"] for h in state.history],
+            "accuracy_matrix": [h.metrics.per_task for h in state.history],
             "summary": history_summary(state.history)}

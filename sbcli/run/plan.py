@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sbcli.methods import METHODS, build_config
+
+if TYPE_CHECKING:
+    from sbcli.learner.records import StepRecord
+    from sbcli.learner.state import LearnerState
+    from sbcli.watch.watcher import Watcher
 
 
 def step_epochs(method: str, options: dict | Any, epochs: int, step: int, num_old: int, num_total: int,
@@ -37,7 +42,20 @@ def sequence_epochs(method: str, options: dict | Any, epochs: int, sizes: Sequen
             for step in range(first_step, len(sizes))]
 
 
-def actual_epochs(history: list[dict]) -> list[int]:
+def actual_epochs(history: Sequence[StepRecord]) -> list[int]:
     """Epochs each recorded step did train, all its phases together."""
-    return [sum(p.get("epochs", 0) for p in h.get("phases", [])) for h in history]
+    return [sum(p.get("epochs", 0) for p in h.phases) for h in history]
+
+
+def epochs_trained(history: Sequence[StepRecord]) -> int:
+    """Epochs the recorded steps did train, all their phases together (a log of an added step counts on from there)."""
+    return sum(actual_epochs(history))
+
+
+def announce_plan(watchers: Watcher, state: LearnerState, sizes: Sequence[int]) -> None:
+    """Tell the watchers the planned epochs of the steps still to run, by task number (for ETAs), from the
+    learner's ``state`` before them and the class counts ``sizes`` of every task, those done included."""
+    planned = sequence_epochs(state.method, state.method_config, state.train_config.epochs, sizes, state.steps,
+                              state.train_config.balance_epochs)
+    watchers.on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})
 

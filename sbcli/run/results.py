@@ -22,6 +22,7 @@ from typing import Any
 
 from sbcli.atomic import replacing
 from sbcli.jsonutil import round_to
+from sbcli.learner.records import StepRecord
 from sbcli.metrics import accuracy_matrix, forgetting
 from sbcli.run import plots
 
@@ -29,16 +30,16 @@ CSV_NAME, PNG_NAME = "history.csv", "accuracy.png"
 COLUMNS = ("step", "classes", "accuracy", "old", "new", "intra_old", "intra_new", "forgetting", "seconds", "images_per_s")
 
 
-def step_rows(history: list[dict]) -> list[dict[str, Any]]:
+def step_rows(history: list[StepRecord]) -> list[dict[str, Any]]:
     """One dict per step with the CSV's columns, unrounded (NaN where there is no value)."""
     rows = []
     for t, h in enumerate(history):
-        m = h["metrics"]
-        acc = accuracy_matrix([g["metrics"]["per_task"] for g in history[: t + 1]])
-        rows.append({"step": h["step"], "classes": h["num_classes"], "accuracy": m["overall"], "old": m["old"],
-                     "new": m["new"], "intra_old": m["intra_old"], "intra_new": m["intra_new"],
-                     "forgetting": forgetting(acc), "seconds": h.get("seconds", math.nan),
-                     "images_per_s": images_per_second(h.get("phases", []))})
+        m, speed = h.metrics, images_per_second(h.phases)
+        acc = accuracy_matrix([g.metrics.per_task for g in history[: t + 1]])
+        rows.append({"step": h.step, "classes": h.num_classes, "accuracy": m.overall, "old": m.old,
+                     "new": m.new, "intra_old": m.intra_old, "intra_new": m.intra_new,
+                     "forgetting": forgetting(acc), "seconds": math.nan if h.seconds is None else h.seconds,
+                     "images_per_s": speed})
     return rows
 
 
@@ -49,7 +50,7 @@ def images_per_second(phases: list[dict]) -> float:
     return images / seconds if seconds > 0 else math.nan
 
 
-def history_csv(history: list[dict]) -> str:
+def history_csv(history: list[StepRecord]) -> str:
     """The CSV text of ``history`` (see the module docstring for the columns and rounding)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer, lineterminator="\n")
@@ -76,14 +77,12 @@ def write_results(state: Any, out: Path) -> list[Path]:
     renamed in, so a reader never sees half a file. Returns the paths written.
     """
     out = Path(out)
-    written = [_replace(out / CSV_NAME, lambda p: p.write_text(history_csv(state.history), encoding="utf-8"))]
+    text = history_csv(state.history)
+    writes: list[tuple[Path, Callable[[Path], object]]] = [(out / CSV_NAME, lambda p: p.write_text(text, encoding="utf-8"))]
     if plots.available() and state.history:
         title = f"{out.name}: {state.method}, {state.num_classes} classes after {state.steps} steps"
-        written.append(_replace(out / PNG_NAME, lambda p: plots.learner_accuracy(state.history, p, title)))
-    return written
-
-
-def _replace(path: Path, write: Callable[[Path], object]) -> Path:
-    with replacing(path, keep_suffix=True) as tmp:  # the figure's format is chosen by its suffix
-        write(tmp)
-    return path
+        writes.append((out / PNG_NAME, lambda p: plots.learner_accuracy(state.history, p, title)))
+    for path, write in writes:
+        with replacing(path, keep_suffix=True) as tmp:  # the figure's format is chosen by its suffix
+            write(tmp)
+    return [path for path, _ in writes]

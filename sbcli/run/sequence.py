@@ -2,7 +2,7 @@
 
 Each step is saved before the next starts (rank 0 alone writes under torchrun); with ``resume`` the
 sequence continues from the last step stored. :mod:`sbcli.run.add_task` grows a learner by one task
-with the helpers here (saving, announcing the plan).
+with the helpers here (``--keep``, saving).
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from sbcli.data.shaping import only_classes, resize_opened, with_image_size
 from sbcli.engine import distributed
 from sbcli.engine.device import check_cpu_threads, resolve_device
 from sbcli.engine.loop import Engine
-from sbcli.engine.progress import ProgressLike, progress_of
 from sbcli.errors import ConfigError, LearnerError
 from sbcli.hub.pretrained import RANDOM
 from sbcli.learner import preflight, validate
+from sbcli.learner.records import MemorySettings, Provenance, TaskRecord
 from sbcli.learner.state import Learner, LearnerState
 from sbcli.learner.store import legacy
 from sbcli.learner.store.lock import writer_lock
@@ -48,18 +48,20 @@ from sbcli.methods.memory import ExemplarMemory
 from sbcli.nets import create_model, list_models
 from sbcli.nets.timm_backbone import timm_input
 from sbcli.run import banner, evalsets
-from sbcli.run.plan import sequence_epochs
+from sbcli.run.plan import announce_plan
 from sbcli.run.results import write_results
 from sbcli.run.steps import StepSummary, learn_step
+from sbcli.watch.watcher import Watchers, WatcherLike, watchers_of
 
 StepFn = Callable[[StepSummary], None]
 
 
 def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = False, keep: int | None = None,
-          on_progress: ProgressLike | None = None, on_step: StepFn | None = None) -> Learner:
+          on_progress: WatcherLike = None, on_step: StepFn | None = None) -> Learner:
     """Learn a whole task sequence, saving the learner to ``out`` after every step (:func:`sbcli.api.train`).
 
     Everything that can be checked without reading images is checked first; ``out`` is locked for the whole run.
+    The watchers ``on_progress`` are told every event of the run (:mod:`sbcli.watch.watcher`), ``on_step`` each step.
     """
     out = Path(out)
     device = check_run(run)
@@ -70,8 +72,10 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     if distributed.is_main_process():  # rank 0 alone writes: another rank would see its lock file (or add a probe)
         _check_out(out, resume)
         preflight.check_writable(out)
-    with writer_lock(out, "train", create=True, enabled=distributed.is_main_process()):
-        return _train(seq, run, out, device, resume, keep, on_progress, on_step)
+    logged = {"sequence": dataclasses.asdict(seq), "run": dataclasses.asdict(run)}  # what logs record of the run
+    main = distributed.is_main_process()
+    with watchers_of(on_progress if main else None) as watchers, writer_lock(out, "train", create=True, enabled=main):
+        return _train(seq, run, out, device, resume, keep, watchers, on_step, logged)
 
 
 def check_run(run: RunOptions) -> torch.device:
@@ -167,14 +171,13 @@ def _new_state(run: RunOptions, image_size: int, norm: dict, plan: dict, dataset
     return LearnerState(
         arch=run.arch, width=run.width, image_size=image_size, normalization=norm, method=run.method,
         method_config=cfg, train_config=run.train,
-        memory={"budget": run.memory, "selection": run.selection, "seed": run.seed}, seed=run.seed, plan=plan,
-        provenance={"dataset": dataset, "sbcli_version": __version__, "torch_version": torch.__version__,
-                    "python": platform.python_version()},
+        memory=MemorySettings(run.memory, run.selection, run.seed), seed=run.seed, plan=plan,
+        provenance=Provenance(dataset, __version__, torch.__version__, platform.python_version()),
     )
 
 
 def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.device, resume: bool, keep: int | None,
-           on_progress: ProgressLike | None, on_step: StepFn | None) -> Learner:
+           watchers: Watchers, on_step: StepFn | None, logged: dict) -> Learner:
     weights = None
     timm_in = timm_input(run.arch)  # --arch timm/NAME: its resolution, statistics and weights
     asked_random = run.pretrained == RANDOM
@@ -216,23 +219,24 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
             from sbcli.hub import pretrained
 
             pretrained.apply(model, weights)
-            state.provenance["pretrained"] = weights.record
+            state.provenance = dataclasses.replace(state.provenance, pretrained=weights.record)
         elif asked_random:
-            state.provenance["pretrained"] = {"source": RANDOM}
+            state.provenance = dataclasses.replace(state.provenance, pretrained={"source": RANDOM})
         model = model.to(device)
         learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
     ordered = [names[c] for c in scenario.order]
-    announce_start(on_progress, banner.banner(
+    watchers.on_start(banner.banner(
         len(scenario.order), len(opened.train), len(opened.test) if opened.test is not None else 0, image_size, sizes,
         f"{learner.state.arch}, width x{learner.state.width:g}", learner.state.train_config, device,
-        trains=_trains(learner.state, scenario.sizes)))
-    announce_plan(on_progress, learner.state, scenario.sizes)
+        trains=_trains(learner.state, scenario.sizes), options=logged))
+    announce_plan(watchers, learner.state, scenario.sizes)
     for step in range(learner.state.steps, len(scenario.sizes)):
         torch.manual_seed(run.seed * 1000 + step)  # new head rows, extra networks: the same whether resumed or not
         new = [names[c] for c in scenario.tasks[step]]
         seen = ordered[: sum(scenario.sizes[: step + 1])]
-        summary_ = _learn(learner, opened, new, seen, ordered, record, device, run.seed, on_progress, seq.test_sample)
+        summary_ = _learn(learner, opened, new, seen, ordered, record, device, run.seed, watchers, seq.test_sample)
         save_from_main(learner, out, keep)
+        watchers.on_step(summary_)
         if on_step and distributed.is_main_process():
             on_step(summary_)
     return learner
@@ -247,30 +251,14 @@ def _trains(state: LearnerState, sizes: list[int]) -> bool:
 
 
 def _learn(learner: Learner, opened: Opened, new: list[str], seen: list[str], ordered: list[str], source: dict,
-           device: torch.device, seed: int, on_progress: ProgressLike | None, carry_sample: bool) -> StepSummary:
+           device: torch.device, seed: int, watchers: Watchers, carry_sample: bool) -> StepSummary:
     train_set = relabel(opened.train, ordered, new)
     test_set = relabel(opened.test, ordered, seen) if opened.test is not None else empty_like(opened.train)
-    engine = Engine(learner.state.train_config, device, learner.norm, seed * 1000 + learner.state.steps, on_progress)
-    record = {"classes": new, "source": source}
-    step = learn_step(learner, train_set, test_set, new, engine, record,
+    engine = Engine(learner.state.train_config, device, learner.norm, seed * 1000 + learner.state.steps, watchers)
+    step = learn_step(learner, train_set, test_set, new, engine, TaskRecord(new, source),
                       seen_train=lambda: relabel(opened.train, ordered, seen))
     evalsets.carry(learner, test_set, [ordered.index(n) for n in new], carry_sample)
     return step
-
-
-def announce_start(on_progress: ProgressLike | None, start: banner.RunBanner) -> None:
-    """Tell a progress callback that has ``on_start`` what the run is about to do (rank 0 only)."""
-    on_start = getattr(on_progress, "on_start", None)
-    if on_start is not None and distributed.is_main_process():
-        on_start(start)
-
-
-def announce_plan(on_progress: ProgressLike | None, state: LearnerState, sizes: list[int]) -> None:
-    """Tell the watcher the planned epochs of the steps still to run (for ETAs; :class:`sbcli.engine.progress.Progress`)."""
-    if distributed.is_main_process():
-        planned = sequence_epochs(state.method, state.method_config, state.train_config.epochs, sizes, state.steps,
-                                  state.train_config.balance_epochs)
-        progress_of(on_progress).on_plan({state.steps + 1 + i: epochs for i, epochs in enumerate(planned)})  # task -> epochs
 
 
 def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None:

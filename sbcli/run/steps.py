@@ -10,16 +10,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import torch
+
 from sbcli.data.device import DeviceData
 from sbcli.data.imageset import ImageSet
 from sbcli.engine import selection
 from sbcli.engine.loop import Engine
+from sbcli.learner.records import StepRecord, TaskRecord
 from sbcli.learner.state import Learner, LearnerState
 from sbcli.methods import METHODS, TaskContext, TaskResult
 from sbcli.methods.balance import balanced_finetune
 from sbcli.methods.base import balance_epochs
 from sbcli.methods.common import frozen_copy, weight_align
-from sbcli.methods.inference import outside_network, refresh_state, scores
+from sbcli.methods.inference import outside_network, refresh_state, scoring_module
 from sbcli.methods.rules import RULES
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
@@ -46,19 +49,13 @@ def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet, *, networ
     if len(test) == 0:
         nan = float("nan")
         return StepMetrics(nan, [nan] * (max(learner.state.class_task) + 1), nan, nan, nan, nan)
-    if network:
-        out = engine.logits(learner.model, test.images)
-    else:
-        out = scores(learner.model, learner.extra, _rule(learner), engine, test.images)
-    return step_metrics(out, test.labels, learner.state.class_task)
-
-
-def _rule(learner: Learner) -> str:
-    return learner.state.method_config.inference
+    rule = learner.state.method_config.inference
+    model = learner.model if network else scoring_module(learner.model, learner.extra, rule)
+    return step_metrics(engine.logits(model, test.images), test.labels, learner.state.class_task)
 
 
 def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: list[str], engine: Engine,
-               task_record: dict, seen_train: Callable[[], ImageSet] | None = None) -> StepSummary:
+               task_record: TaskRecord, seen_train: Callable[[], ImageSet] | None = None) -> StepSummary:
     """Learn one task of ``new_classes`` (``train`` labels already in the learner's order).
 
     ``seen_train``, when the caller has them, returns the training images of every class seen so
@@ -66,6 +63,9 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     """
     start = time.perf_counter()
     state, step = learner.state, learner.state.steps
+    cfg = state.method_config
+    balance = _balance_epochs(learner, step)  # what the step runs after the method's phases, decided first
+    align_last = balance > 0 and RULES.get(cfg.inference).aligns and state.train_config.balance_before_wa
     num_old = state.num_classes
     teacher = frozen_copy(learner.model) if step > 0 else None
     state.class_names.extend(new_classes)
@@ -73,63 +73,62 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     if step > 0:
         learner.model.expand_classes(len(new_classes))
     fraction = state.train_config.val_fraction  # --val-fraction: held out of new images and exemplars
-    parts, held = selection.split([(train.images, train.labels), learner.memory.tensors()], fraction,
-                                  state.seed * 1000 + step)
+    parts, held = selection.split([train.tensors(), learner.memory.tensors()], fraction, state.seed * 1000 + step)
     data = DeviceData.join(parts, engine.device)
     validator = None if held is None else selection.Validator(
         held[0], held[1], state.num_classes, state.train_config.val_every)
     method = METHODS.get(state.method)
-    cfg = state.method_config
+    after_phases = engine.for_step(step + 1)  # what follows the method's phases uses no held-out images
     engine = engine.for_step(step + 1, validator)
-    balance = _balance_epochs(learner, step)
-    align_last = balance > 0 and RULES.get(cfg.inference).aligns and state.train_config.balance_before_wa
     ctx = TaskContext(step=step, model=learner.model, teacher=teacher, data=data, num_old=num_old,
                       num_total=state.num_classes, engine=engine, epochs=state.train_config.epochs,
                       evaluate=lambda: evaluate_learner(learner, engine, test),
                       make_aux_model=lambda n: create_model(state.arch, n, state.width).to(engine.device),
                       extra=dict(learner.extra), memory_budget=learner.memory.budget,
-                      seen_data=None if seen_train is None else lambda: _on_device(seen_train(), engine),
+                      seen_data=None if seen_train is None else (
+                          lambda: DeviceData.join([seen_train().tensors()], engine.device)),
                       align=not align_last, seed=state.seed)
     result = method.learn_task(ctx, cfg)
     learner.extra.update(result.extra_state)
-    learner.memory.update(train.images, train.labels, state.num_classes, lambda x: engine.features(learner.model, x))
-    learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
-    balanced = _balance(learner, engine, balance, cfg.inference, result, test)
-    if align_last:  # --balance-before-wa: the method left the aligning to after the fine-tuning
-        result.record["before_wa"] = evaluate_learner(learner, engine, test).to_json()
-        result.record["wa_factor"] = weight_align(learner.model, num_old)
-    if balanced or align_last:
-        learner.extra.update(refresh_state(cfg, learner.model, *learner.memory.tensors(), engine))
-    metrics = evaluate_learner(learner, engine, test)
-    entry = {"step": step + 1, "num_classes": state.num_classes, "metrics": metrics.to_json()}
-    if outside_network(cfg.inference) and not method.frozen_backbone:  # the rule's accuracy and the network's
-        # (a frozen backbone's head is never trained: its accuracy would be chance, and scoring it a wasted pass)
-        entry["network_metrics"] = evaluate_learner(learner, engine, test, network=True).to_json()
+    metrics, network = _settle(learner, after_phases, result, train, test, balance, align_last, num_old,
+                               measure_network=outside_network(cfg.inference) and not method.frozen_backbone)
     seconds = time.perf_counter() - start
     state.tasks.append(task_record)
-    state.history.append({**entry, "phases": [p.to_json() for p in result.phases], "record": result.record,
-                          "seconds": round(seconds, 2), "train_config": dataclasses.asdict(state.train_config)})  # this step's own
+    state.history.append(StepRecord(step + 1, state.num_classes, metrics, network, [p.to_json() for p in result.phases],
+                                    result.record, round(seconds, 2),
+                                    dataclasses.asdict(state.train_config)))  # this step's own settings
     return StepSummary(step + 1, state.num_classes, metrics, seconds)
 
 
-def _balance(learner: Learner, engine: Engine, epochs: int, inference: str, result: TaskResult, test: ImageSet) -> bool:
-    """--balance-epochs: ``epochs`` of class-balanced fine-tuning on the updated memory (sbcli.methods.balance).
+def _settle(learner: Learner, engine: Engine, result: TaskResult, train: ImageSet, test: ImageSet, balance: int,
+            align_last: bool, num_old: int, measure_network: bool) -> tuple[StepMetrics, StepMetrics | None]:
+    """What follows the method's phases, in one place: the exemplar memory takes the new classes and the
+    inference rule's state is rebuilt from it; with ``balance`` epochs (:func:`_balance_epochs`) and exemplars,
+    class-balanced fine-tuning on the memory (:mod:`sbcli.methods.balance`; the accuracy before it is recorded
+    as ``before_balance``); with ``align_last`` (``--balance-before-wa``) WA after it (``before_wa``,
+    ``wa_factor``), the rule's state rebuilt once more after either; then the step's metrics under the rule
+    and, with ``measure_network``, under the network's own logits (what iCaRL's nearest mean or BiC's
+    correction start from; a frozen backbone's head is never trained: its accuracy would be chance)."""
+    cfg, memory = learner.state.method_config, learner.memory
 
-    ``epochs`` comes from :func:`_balance_epochs`: 0 under BiC, whose bias layer was fit on the network as
-    the step left it (the config layer drops the default and refuses an asked one; this guards learners
-    written otherwise). Records the
-    accuracy before it (``before_balance``) and its phase; True when it ran.
-    """
-    tc = learner.state.train_config
-    if epochs <= 0 or len(learner.memory) == 0:
-        return False
-    engine = engine.for_step(engine.task)  # the held-out images picked the method's epochs; this phase keeps its last
-    result.record["before_balance"] = evaluate_learner(learner, engine, test).to_json()
-    report = balanced_finetune(learner.model, learner.memory.tensors(), engine, epochs, tc.balance_lr,
-                               hold_bias_at_zero=RULES.get(inference).aligns)
-    if report is not None:
+    def features(images: torch.Tensor) -> torch.Tensor:  # of the model as it is now: what memory and rule keep
+        return engine.features(learner.model, images)
+
+    memory.update(train.images, train.labels, learner.state.num_classes, features)
+    learner.extra.update(refresh_state(cfg, learner.model, *memory.tensors(), features))
+    balanced = balance > 0 and len(memory) > 0
+    if balanced:
+        result.record["before_balance"] = evaluate_learner(learner, engine, test).to_json()
+        report = balanced_finetune(learner.model, memory.tensors(), engine, balance,
+                                   learner.state.train_config.balance_lr, hold_bias_at_zero=RULES.get(cfg.inference).aligns)
         result.phases.append(report)
-    return report is not None
+    if align_last:  # the method left the aligning to after the fine-tuning
+        result.record["before_wa"] = evaluate_learner(learner, engine, test).to_json()
+        result.record["wa_factor"] = weight_align(learner.model, num_old)
+    if balanced or align_last:
+        learner.extra.update(refresh_state(cfg, learner.model, *memory.tensors(), features))
+    metrics = evaluate_learner(learner, engine, test)
+    return metrics, evaluate_learner(learner, engine, test, network=True) if measure_network else None
 
 
 def _balance_epochs(learner: Learner, step: int) -> int:
@@ -138,7 +137,3 @@ def _balance_epochs(learner: Learner, step: int) -> int:
         return 0
     state = learner.state
     return balance_epochs(state.method, state.method_config, state.train_config.balance_epochs, asked=False)
-
-
-def _on_device(images: ImageSet, engine: Engine) -> DeviceData:
-    return DeviceData.join([(images.images, images.labels)], engine.device)

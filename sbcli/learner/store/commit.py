@@ -1,4 +1,4 @@
-"""The one atomic commit point of a learner: ``os.replace`` of ``learner.json``.
+"""The one atomic commit point of a learner: ``os.replace`` of ``learner.json``; and what a writer may delete.
 
 A save writes the new step's files under a new folder ``steps/NNNN/``, fsyncs each file, the folder,
 ``steps/`` and the root, writes ``learner.json.tmp-<pid>``, fsyncs it, renames it onto
@@ -9,7 +9,11 @@ crash after it leaves the new one naming files already on disk. What a crash lea
 (unreferenced step folders, ``learner.json.tmp-*``) is removed by the next writer, under the lock;
 readers ignore it.
 
-The caller holds the writer lock (:func:`sbcli.learner.store.lock.writer_lock`).
+The caller holds the writer lock (:func:`sbcli.learner.store.lock.writer_lock`). A writer deletes only
+what a save provably wrote (:func:`is_step_folder`, :func:`written_by_a_save`, :func:`only_leftovers`):
+a folder of the user's own that happens to have such a name is left alone and named; and never
+through a symbolic link (every deleting function runs right after the learner was checked for links).
+The hash of every file a step names is computed here, from the bytes written (:func:`digest_bytes`).
 
 Tests drive a crash at every named point of a save through :func:`checkpoint`: with the environment
 variable ``SBCLI_FAULT_AT=<point>`` the process ends there at once (``os._exit``), as a SIGKILL would.
@@ -18,6 +22,7 @@ variable ``SBCLI_FAULT_AT=<point>`` the process ends there at once (``os._exit``
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -26,21 +31,25 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.errors import LearnerError
-from sbcli.learner.store import legacy
-from sbcli.learner.store.confine import check_confined
-from sbcli.learner.store.integrity import HASHES_KEY, digest_bytes, records_for
 from sbcli.learner.store.layout import (
+    CHUNK,
     FORMAT_VERSION,
+    HASHES_KEY,
+    LOCK_FILE,
+    LOCK_INFO,
     STATE_FILE,
     STEP_DIR,
     STEP_FILES,
     STEPS_DIR,
     TMP_PREFIX,
     V1_FILES,
+    Record,
     Stored,
-    is_step_folder,
+    check_confined,
+    holds_learner,
     read_stored,
 )
+from sbcli.learner.store.legacy import leftovers
 
 LOG = logging.getLogger(__name__)
 FAULT_ENV = "SBCLI_FAULT_AT"
@@ -79,6 +88,26 @@ def write_durable(path: Path, data: bytes, point: str) -> None:
     checkpoint(f"fsync:{point}")
 
 
+def digest_bytes(data: bytes) -> Record:
+    """The record of bytes about to be written (they are hashed in memory, never read back)."""
+    return {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
+
+
+def digest_file(path: Path) -> Record:
+    """The record of a file already on disk (an older learner's kept files, at their first hashed save)."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            size += len(chunk)
+    return {"sha256": digest.hexdigest(), "size": size}
+
+
+def records_for(root: Path, referenced: set[str], known: dict[str, Record]) -> dict[str, Record]:
+    """A record for every path in ``referenced``: ``known`` ones kept, the others hashed from disk once."""
+    return {rel: known[rel] if rel in known else digest_file(root / rel) for rel in sorted(referenced)}
+
+
 def state_bytes(state: dict[str, Any]) -> bytes:
     return (json.dumps(state, indent=2, allow_nan=True) + "\n").encode("utf-8")
 
@@ -100,7 +129,7 @@ def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], ke
         check_confined(root)  # also where no learner.json is yet: leftovers are deleted below
         old = read_stored(root) if (root / STATE_FILE).is_file() else None
         remove_leftovers(root, old)
-        legacy.remove_siblings(root)
+        remove_siblings(root)
         kept = {} if old is None else {n: f for n, f in _kept_after_migration(root, old).items() if n < step}
         step_payload = {**payload, "state": state_bytes(state)}
         kept[step] = write_step(root, step, step_payload)
@@ -137,8 +166,9 @@ def commit_pointer(root: Path, stored: Stored, step: int) -> None:
     files = stored.step_files(step)
     state, _ = stored.step_state(step)
     try:
+        check_confined(root)  # nothing is deleted through a link, and the learner was read a while ago
         remove_leftovers(root, stored)
-        hashes = records_for(root, stored.referenced(), stored.hashes)
+        hashes = records_for(root, _referenced(stored.kept), stored.hashes)
         switch(root, {**state, "format_version": FORMAT_VERSION, "files": files,
                       "kept_steps": _kept_json(stored.kept), "keep": stored.keep, HASHES_KEY: hashes})
     except OSError as err:
@@ -215,7 +245,7 @@ def remove_leftovers(root: Path, stored: Stored | None) -> None:
     for tmp in root.glob(TMP_PREFIX + "*"):
         tmp.unlink()
         checkpoint("delete:tmp")
-    _remove_steps(root, set() if stored is None else stored.referenced(), "delete:leftover-step")
+    _remove_steps(root, set() if stored is None else _referenced(stored.kept), "delete:leftover-step")
 
 
 def remove_unreferenced(root: Path) -> None:
@@ -224,10 +254,11 @@ def remove_unreferenced(root: Path) -> None:
     A failure here loses nothing (the commit is done); the next writer retries.
     """
     try:
-        stored = read_stored(root)
-        _remove_steps(root, stored.referenced(), "delete:dropped-step")
+        stored = read_stored(root)  # which refuses a learner holding a link: nothing is deleted through one
+        referenced = _referenced(stored.kept)
+        _remove_steps(root, referenced, "delete:dropped-step")
         for name in V1_FILES.values():
-            if (root / name).exists() and name not in stored.referenced():
+            if (root / name).exists() and name not in referenced:
                 (root / name).unlink()
                 checkpoint("delete:v1")
         fsync_dir(root)
@@ -237,8 +268,12 @@ def remove_unreferenced(root: Path) -> None:
 
 
 def _remove_steps(root: Path, referenced: set[str], point: str) -> None:
+    """Delete the step folders under ``steps/`` that no path in ``referenced`` names and a save wrote.
+
+    The caller has just checked the learner for links (:func:`sbcli.learner.store.layout.check_confined`,
+    which ``read_stored`` runs): a ``steps/`` link could lead to the user's own folders.
+    """
     steps = root / STEPS_DIR
-    check_confined(root)  # never delete through a link (a steps/ link could lead to the user's own folders)
     if not steps.is_dir():
         return
     used = {rel.split("/")[1] for rel in referenced if rel.startswith(STEPS_DIR + "/")}
@@ -251,3 +286,80 @@ def _remove_steps(root: Path, referenced: set[str], point: str) -> None:
         shutil.rmtree(folder)
         checkpoint(point)
     fsync_dir(steps)
+
+
+def remove_siblings(target: Path) -> None:
+    """Delete the other ``.L.tmp-*``/``.L.old-*`` folders once ``target`` holds a learner (writers only).
+
+    Only what a save of sbcli provably wrote is deleted: an empty folder or a learner's files alone.
+    """
+    if not holds_learner(target):
+        return
+    for folder in leftovers(target):
+        if written_by_a_save(folder):
+            shutil.rmtree(folder)
+            LOG.info("Removed %s, left beside %s by an interrupted save.", folder.name, target.name)
+        else:
+            LOG.warning("Left %s beside %s alone: it has the name of an interrupted save's folder but holds "
+                        "files no save writes; move or rename it if it is yours.", folder, target.name)
+
+
+# What a learner directory's root may hold besides the steps: its state, the writer lock, the files
+# rewritten after every step (sbcli.run.results), a published learner's card and its one step's files.
+ROOT_FILES = frozenset({STATE_FILE, LOCK_FILE, LOCK_INFO, "history.csv", "accuracy.png", "README.md",
+                        *(name for _, name, _ in STEP_FILES)})
+
+
+def _plain_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
+def is_step_folder(folder: Path) -> bool:
+    """A folder that a save wrote under ``steps/``: a real directory of nothing but step files.
+
+    Only such a folder is ever deleted as a leftover: a folder of the user's own that happens to have
+    a step's name (``steps/2023/``) holds other files, and is left alone.
+    """
+    names = {name for _, name, _ in STEP_FILES}
+    return folder.is_dir() and not folder.is_symlink() and all(
+        p.name in names and _plain_file(p) for p in folder.iterdir())
+
+
+def is_steps_tree(steps: Path) -> bool:
+    """``steps/`` as saves write it: step-named folders (or a save's hidden ones) that are step folders."""
+    return steps.is_dir() and not steps.is_symlink() and all(
+        (STEP_DIR.fullmatch(p.name) or p.name.startswith(".")) and is_step_folder(p) for p in steps.iterdir())
+
+
+def only_leftovers(folder: Path) -> bool:
+    """True when ``folder`` holds nothing but what an interrupted first save leaves (no learner.json):
+    the lock, ``learner.json.tmp-*`` files and a ``steps/`` tree of step folders, nothing of anyone else's."""
+    for entry in folder.iterdir():
+        if entry.name == STEPS_DIR:
+            if not is_steps_tree(entry):
+                return False
+        elif not (_store_file(entry.name) and _plain_file(entry)):
+            return False
+    return True
+
+
+def _store_file(name: str) -> bool:
+    """The lock, its note (and the note's temporary while it is replaced), a temporary learner.json."""
+    return name == LOCK_FILE or name.startswith((LOCK_INFO, TMP_PREFIX))
+
+
+def written_by_a_save(folder: Path) -> bool:
+    """``folder`` holds nothing but what a save of sbcli writes: no entry, or a learner's files alone.
+
+    An interrupted save of sbcli 0.1 left such folders beside a learner (``.L.tmp-*``, ``.L.old-*``);
+    a folder of that name holding anything else (a user's backup, photos) is not one, and is never deleted.
+    """
+    if not folder.is_dir() or folder.is_symlink():
+        return False
+    for entry in folder.iterdir():
+        if entry.name == STEPS_DIR:
+            if not is_steps_tree(entry):
+                return False
+        elif not ((entry.name in ROOT_FILES or entry.name.startswith(TMP_PREFIX)) and _plain_file(entry)):
+            return False
+    return True

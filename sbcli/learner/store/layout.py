@@ -12,28 +12,47 @@ LEARNER/
 
 A learner published to the Hub has one step with its files at the root (``model.safetensors``,
 ``memory.safetensors``; its state is ``learner.json`` itself), which ``files`` names the same way.
-
 Format 1 (files at the root, no ``files`` key) is still read: it has one step, the current one.
-A reader reads ``learner.json`` once, then only the files it names, each checked against the SHA-256
-and size ``learner.json`` records of it (format 3, :mod:`sbcli.learner.store.integrity`); a learner holding a
-symbolic link is refused before anything is read (:mod:`sbcli.learner.store.confine`).
+
+A reader reads ``learner.json`` once, then only the files it names, under two rules:
+
+- **Confined**: a learner is confined to its own directory, no symbolic link inside it is followed. A
+  ``steps/`` folder, a step folder or a file that is a link could make a reader read another learner's
+  files, and a writer (which deletes the step folders ``learner.json`` no longer names) delete folders
+  elsewhere. So every command refuses a learner holding a link, in one sentence, before it reads or
+  writes anything there: :func:`check_confined` looks (``lstat``, never following a link) at the
+  entries of the learner's root and everything below ``steps/``. The learner's path itself may be a
+  link; it is resolved once, and nothing is written outside that resolved directory.
+- **Vouched for**: every file a kept step names is recorded in ``learner.json``'s ``hashes`` (format 3),
+  its SHA-256 and size::
+
+    "hashes": {"steps/0003/model.safetensors": {"sha256": "9f2c...", "size": 45731}, ...}
+
+  They are computed from the bytes a save writes (no second pass over them) and checked when a file
+  is read, in the same pass that reads it (:func:`read_verified`): the size first, from ``fstat``, so
+  a file of the wrong size is refused before a byte of it is read, then the SHA-256 of the bytes as
+  they are read. A step folder copied from another learner, a flipped bit in tensor data, a truncated
+  or zeroed tail: each is refused in one sentence naming the file, before anything is built from it.
+  A learner of format 1 or 2 records no hashes; it is read as before, and its next save records them
+  (hashing the files it keeps, once each).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sbcli.errors import LearnerError
-from sbcli.learner.store.confine import check_confined
-from sbcli.learner.store.integrity import HASHES_KEY, Record, parse_hashes, read_verified
 from sbcli.learner.validate import RESTORE, check_format_version
 
 FORMAT_VERSION = 3  # 3: format 2 plus "hashes" (every named file's SHA-256 and size)
 HASHED_SINCE = 3
+HASHES_KEY = "hashes"
 STATE_FILE = "learner.json"
 STEPS_DIR = "steps"
 LOCK_FILE = ".sbcli.lock"
@@ -52,6 +71,111 @@ STEP_FILES: tuple[tuple[str, str, bool], ...] = (
 V1_FILES = {"model": "model.safetensors", "memory": "memory.safetensors"}
 STORAGE_KEYS = ("files", "kept_steps", "keep", HASHES_KEY)
 STEP_DIR = re.compile(r"\d{4,}(-\d+)?")
+CHUNK = 1 << 20  # files are hashed as they are read, a MiB at a time
+HEX64 = re.compile(r"[0-9a-f]{64}")
+MAX_FILE_BYTES = 1 << 44
+
+Record = dict[str, Any]  # a file's hash record: {"sha256": str, "size": int}
+
+
+def linked_entry(root: Path) -> Path | None:
+    """The first symbolic link in the learner at ``root`` (its root entries, everything under ``steps/``)."""
+    if not root.is_dir():
+        return None
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        try:
+            listing = os.scandir(folder)
+        except FileNotFoundError:
+            if folder == root:
+                raise
+            continue  # renamed or removed since it was listed: a writer holding the lock is committing a step
+        with listing as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                if entry.is_symlink():
+                    return Path(entry.path)
+                inside_steps = folder != root or entry.name == STEPS_DIR
+                if inside_steps and entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+    return None
+
+
+def check_confined(root: Path) -> None:
+    """Refuse a learner that holds a symbolic link (one sentence naming it).
+
+    Raises:
+        LearnerError: a link inside the learner.
+    """
+    try:
+        link = linked_entry(root)
+    except OSError as err:
+        raise LearnerError(f"Could not list the learner at {root} ({err.strerror or err}); check its permissions.") from err
+    if link is not None:
+        rel = link.relative_to(root).as_posix()
+        raise LearnerError(f"The learner at {root} holds a symbolic link, {rel} (to {os.readlink(link)}); sbcli reads "
+                           "and writes only inside a learner's own directory: replace the link with a copy of what "
+                           "it points to, or restore the learner from a copy.")
+
+
+def parse_hashes(value: Any, referenced: set[str], where: Path, required: bool) -> dict[str, Record]:
+    """``learner.json``'s ``hashes``, checked: one record per named file (every one when ``required``).
+
+    Raises:
+        LearnerError: a malformed record, a record of a file no step names, or a named file without one.
+    """
+    if value is None and not required:
+        return {}
+    if not isinstance(value, dict):
+        raise LearnerError(f"{where} is damaged: hashes must be an object from file paths to their SHA-256 and size; "
+                           f"{RESTORE}.")
+    out: dict[str, Record] = {}
+    for rel, record in value.items():
+        if rel not in referenced:
+            raise LearnerError(f"{where} is damaged: hashes records {rel!r}, a file no kept step names; {RESTORE}.")
+        if not (isinstance(record, dict) and set(record) == {"sha256", "size"} and isinstance(record["sha256"], str)
+                and HEX64.fullmatch(record["sha256"]) and type(record["size"]) is int
+                and 0 <= record["size"] <= MAX_FILE_BYTES):
+            raise LearnerError(f"{where} is damaged: the hash of {rel} is not a SHA-256 (64 hex digits) and a size; "
+                               f"{RESTORE}.")
+        out[rel] = {"sha256": record["sha256"], "size": record["size"]}
+    unrecorded = sorted(referenced - set(out)) if required else []
+    if unrecorded:
+        raise LearnerError(f"{where} is damaged: it records no hash of {unrecorded[0]}; {RESTORE}.")
+    return out
+
+
+def mismatch(path: Path, problem: str) -> LearnerError:
+    return LearnerError(f"{path} is not the file learner.json recorded ({problem}): it was changed, truncated or "
+                        f"copied from another learner after it was saved; {RESTORE}.")
+
+
+def read_verified(path: Path, record: Record | None) -> bytearray:
+    """The bytes of ``path``, read once; checked against ``record`` (size, then SHA-256) when there is one.
+
+    The file is opened without following a symbolic link. Raises FileNotFoundError when it is not
+    there (a reader that lost a race with a writer reads learner.json again), LearnerError otherwise.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        raise LearnerError(f"Could not read {path} ({err.strerror or err}); check its permissions, and that it is a "
+                           "file, not a symbolic link.") from err
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if record is not None and size != record["size"]:
+            raise mismatch(path, f"it is {size} bytes, learner.json recorded {record['size']}")
+        digest, data = hashlib.sha256(), bytearray()
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+            data += chunk
+    if len(data) != size:
+        raise LearnerError(f"{path} changed while it was being read; {RESTORE}.")
+    if record is not None and digest.hexdigest() != record["sha256"]:
+        raise mismatch(path, "its SHA-256 differs")
+    return data
 
 
 @dataclass(frozen=True)
@@ -214,66 +338,5 @@ def is_step_path(rel: str) -> bool:
     return len(parts) == 1 or (len(parts) == 3 and parts[0] == STEPS_DIR and bool(STEP_DIR.fullmatch(parts[1])))
 
 
-# What a learner directory's root may hold besides the steps: its state, the writer lock, the files
-# rewritten after every step (sbcli.run.results), a published learner's card and its one step's files.
-ROOT_FILES = frozenset({STATE_FILE, LOCK_FILE, LOCK_INFO, "history.csv", "accuracy.png", "README.md",
-                        *(name for _, name, _ in STEP_FILES)})
-
-
 def holds_learner(folder: Path) -> bool:
     return (folder / STATE_FILE).is_file()
-
-
-def _plain_file(path: Path) -> bool:
-    return path.is_file() and not path.is_symlink()
-
-
-def is_step_folder(folder: Path) -> bool:
-    """A folder that a save wrote under ``steps/``: a real directory of nothing but step files.
-
-    Only such a folder is ever deleted as a leftover: a folder of the user's own that happens to have
-    a step's name (``steps/2023/``) holds other files, and is left alone.
-    """
-    names = {name for _, name, _ in STEP_FILES}
-    return folder.is_dir() and not folder.is_symlink() and all(
-        p.name in names and _plain_file(p) for p in folder.iterdir())
-
-
-def is_steps_tree(steps: Path) -> bool:
-    """``steps/`` as saves write it: step-named folders (or a save's hidden ones) that are step folders."""
-    return steps.is_dir() and not steps.is_symlink() and all(
-        (STEP_DIR.fullmatch(p.name) or p.name.startswith(".")) and is_step_folder(p) for p in steps.iterdir())
-
-
-def only_leftovers(folder: Path) -> bool:
-    """True when ``folder`` holds nothing but what an interrupted first save leaves (no learner.json):
-    the lock, ``learner.json.tmp-*`` files and a ``steps/`` tree of step folders, nothing of anyone else's."""
-    for entry in folder.iterdir():
-        if entry.name == STEPS_DIR:
-            if not is_steps_tree(entry):
-                return False
-        elif not (_store_file(entry.name) and _plain_file(entry)):
-            return False
-    return True
-
-
-def _store_file(name: str) -> bool:
-    """The lock, its note (and the note's temporary while it is replaced), a temporary learner.json."""
-    return name == LOCK_FILE or name.startswith((LOCK_INFO, TMP_PREFIX))
-
-
-def written_by_a_save(folder: Path) -> bool:
-    """``folder`` holds nothing but what a save of sbcli writes: no entry, or a learner's files alone.
-
-    An interrupted save of sbcli 0.1 left such folders beside a learner (``.L.tmp-*``, ``.L.old-*``);
-    a folder of that name holding anything else (a user's backup, photos) is not one, and is never deleted.
-    """
-    if not folder.is_dir() or folder.is_symlink():
-        return False
-    for entry in folder.iterdir():
-        if entry.name == STEPS_DIR:
-            if not is_steps_tree(entry):
-                return False
-        elif not ((entry.name in ROOT_FILES or entry.name.startswith(TMP_PREFIX)) and _plain_file(entry)):
-            return False
-    return True

@@ -3,20 +3,20 @@
 That save wrote a complete new directory ``.L.tmp-*`` beside ``L``, renamed ``L`` to ``.L.old-<pid>``,
 renamed the new one to ``L`` and deleted the old one. A kill between the two renames left no
 learner at ``L``, only the two hidden folders. The next command that opens ``L`` puts the newest
-complete one back in its place (one atomic rename) and says so; a writer then removes the rest,
-but only folders that hold nothing but a save's files (:func:`written_by_a_save`): a folder of the
-user's own that happens to have such a name (``.L.old-backup`` full of photos) is left alone and named.
+complete one back in its place (one atomic rename) and says so; a writer then removes the rest
+(:func:`sbcli.learner.store.commit.remove_siblings`), but only folders that hold nothing but a save's
+files: a folder of the user's own that happens to have such a name (``.L.old-backup`` full of photos)
+is left alone and named.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 from pathlib import Path
 
 from sbcli.errors import LearnerError
-from sbcli.learner.store.layout import holds_learner, read_stored, written_by_a_save
+from sbcli.learner.store.layout import holds_learner, read_stored
 
 LOG = logging.getLogger(__name__)
 
@@ -60,19 +60,3 @@ def recover(target: Path) -> Path | None:
         LOG.warning("Recovered the learner at %s from %s, left by an interrupted save.", target, candidate.name)
         return candidate
     return None
-
-
-def remove_siblings(target: Path) -> None:
-    """Delete the other ``.L.tmp-*``/``.L.old-*`` folders once ``target`` holds a learner (writers only).
-
-    Only what a save of sbcli provably wrote is deleted: an empty folder or a learner's files alone.
-    """
-    if not holds_learner(target):
-        return
-    for folder in leftovers(target):
-        if written_by_a_save(folder):
-            shutil.rmtree(folder)
-            LOG.info("Removed %s, left beside %s by an interrupted save.", folder.name, target.name)
-        else:
-            LOG.warning("Left %s beside %s alone: it has the name of an interrupted save's folder but holds "
-                        "files no save writes; move or rename it if it is yours.", folder, target.name)

@@ -25,8 +25,8 @@ from filelock import FileLock, Timeout
 from sbcli.atomic import write_atomic
 from sbcli.errors import LearnerError
 from sbcli.learner.store import legacy
-from sbcli.learner.store.confine import check_confined
-from sbcli.learner.store.layout import LOCK_FILE, LOCK_INFO, holds_learner, only_leftovers
+from sbcli.learner.store.commit import only_leftovers
+from sbcli.learner.store.layout import LOCK_FILE, LOCK_INFO, check_confined, holds_learner
 
 
 def holder_note(command: str) -> dict:
@@ -77,27 +77,17 @@ def writer_lock(folder: Path, command: str, *, create: bool = False, enabled: bo
         raise LearnerError(f"Cannot lock the learner at {folder} for writing ({err.strerror or err}); "
                            "check that the directory is writable.") from err
     try:
-        _write_note(folder, command)
+        try:
+            write_atomic(folder / LOCK_INFO, json.dumps(holder_note(command)))
+        except OSError as err:
+            raise LearnerError(f"Cannot write to the learner at {folder} ({err.strerror or err}); "
+                               "free some space or fix its permissions, and run again.") from err
         yield
     except BaseException:
-        if made and not holds_learner(folder):
-            _remove_unborn(folder)
+        if made and not holds_learner(folder) and only_leftovers(folder):  # created, never committed: remove it
+            shutil.rmtree(folder, ignore_errors=True)
         raise
     finally:
         with contextlib.suppress(FileNotFoundError):
             (folder / LOCK_INFO).unlink()
         lock.release()
-
-
-def _write_note(folder: Path, command: str) -> None:
-    try:
-        write_atomic(folder / LOCK_INFO, json.dumps(holder_note(command)))
-    except OSError as err:
-        raise LearnerError(f"Cannot write to the learner at {folder} ({err.strerror or err}); "
-                           "free some space or fix its permissions, and run again.") from err
-
-
-def _remove_unborn(folder: Path) -> None:
-    """A folder this writer created and never committed a learner into: remove what it wrote."""
-    if only_leftovers(folder):
-        shutil.rmtree(folder, ignore_errors=True)

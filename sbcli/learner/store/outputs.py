@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sbcli.errors import ConfigError, LearnerError
-from sbcli.learner.store.confine import check_confined
-from sbcli.learner.store.layout import holds_learner, only_leftovers
+from sbcli.learner.store.commit import only_leftovers
+from sbcli.learner.store.layout import check_confined, holds_learner
 
 
 def enclosing_learner(path: Path) -> Path | None:

@@ -198,7 +198,7 @@ def check_memory_tensors(tensors: dict[str, torch.Tensor], state: Any, where: Pa
         raise damaged(where, f"images {list(images.shape)} and labels {list(labels.shape)} are not [M, 3, H, W] and [M]")
     if count and tuple(images.shape[2:]) != (size, size):
         raise damaged(where, f"the exemplar images are {images.shape[2]}x{images.shape[3]}, the learner's are {size}x{size}")
-    budget = state.memory.get("budget", 0)
+    budget = state.memory.budget
     if count > budget:
         raise damaged(where, f"it holds {count} exemplars, more than the learner's budget of {budget}")
     if count and (int(labels.min()) < 0 or int(labels.max()) >= state.num_classes):
