@@ -205,6 +205,19 @@ def test_metrics_parse_with_prometheus_client(served) -> None:
     assert samples[("sbcli_model_version_info", (("default", "true"), ("model", NAME), ("version", "2")))] == 1
 
 
+def wait_ready(url: str) -> None:
+    deadline = time.monotonic() + 6 * TIMEOUT
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=TIMEOUT) as res:
+                if res.status == 200:
+                    return
+        except urllib.error.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the server never became ready"
+        time.sleep(0.1)
+
+
 def test_a_new_step_adds_a_version_under_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     learner = tmp_path / NAME
@@ -214,6 +227,7 @@ def test_a_new_step_adds_a_version_under_load(tmp_path: Path, monkeypatch: pytes
                                    "data": [base64.b64encode(png(3)).decode()]}]}).encode()
     with running(ServeConfig(str(learner), reload_interval_s=0.2, max_wait_ms=2, exporter=EXPORTER)) as (url, server):
         infer, stop, outcomes = f"{url}/v2/models/{NAME}/infer", threading.Event(), []
+        wait_ready(url)  # the learner's steps are exported by a child interpreter first (no torch in the server)
 
         def client() -> None:
             while not stop.is_set():
@@ -311,3 +325,43 @@ print("torch" in sys.modules, "grpc" in sys.modules)
                          timeout=120, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "False False"  # neither torch nor grpcio: gRPC loads only with --grpc-port
+
+
+def test_serving_a_learner_directory_imports_no_torch(learner_dir: Path) -> None:
+    """The exporter runs in a child interpreter: the server holds what serving the .onnx holds (858 MiB with torch)."""
+    import subprocess
+    import sys
+
+    script = """
+import sys, time
+from starlette.testclient import TestClient
+from sbcli.serve.app import ServeConfig, Server, create_app
+server = Server(ServeConfig(sys.argv[1], reload_interval_s=0, exporter="sbcli.export.serving"))
+with TestClient(create_app(server)) as client:
+    for _ in range(600):
+        if client.get("/v2/health/ready").status_code == 200:
+            break
+        time.sleep(0.05)
+    body = {"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 3, 16, 16], "data": [0.5] * 768}]}
+    name = client.get("/v2/models").json()["models"][0]["name"]
+    assert client.post(f"/v2/models/{name}/infer", json=body).status_code == 200
+    assert client.post(f"/v2/models/{name}/versions/1/infer", json=body).status_code == 200
+print("torch" in sys.modules)
+"""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    res = subprocess.run([sys.executable, "-c", script, str(learner_dir)], check=False, capture_output=True, text=True,
+                         timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "False"
+
+
+def test_a_damaged_learner_served_is_still_one_sentence(learner_dir: Path, tmp_path: Path) -> None:
+    import shutil
+
+    from sbcli.errors import LearnerError
+
+    broken = tmp_path / "broken"
+    shutil.copytree(learner_dir, broken)
+    (broken / "learner.json").write_text("{")
+    with pytest.raises(LearnerError, match="not valid JSON"):
+        learner_onnx(broken)

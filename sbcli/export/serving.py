@@ -9,20 +9,26 @@ it cannot open alone, so the caller hands it in:
   :class:`sbcli.serve.source.LearnerExporter` (:func:`learner_onnx`, :func:`kept_steps`,
   :func:`step_onnx`: the learner and each kept step exported to the serve cache). A name rather
   than the functions, because each ``--workers`` process finds it again from its configuration.
+  Each of the three runs in a child interpreter (``python -m sbcli.export.serving``), so that the
+  server itself never imports torch: serving a learner directory then holds what serving its
+  ``.onnx`` holds (torch alone took a server from about 94 to 858 MiB).
 
-Nothing here imports torch until a learner is opened.
+Nothing here imports torch until a learner is opened in this process (:func:`open_learner`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from sbcli import errors
 from sbcli.serve import preprocess
 from sbcli.serve.cache import cache_dir
 
@@ -74,6 +80,47 @@ def open_learner(path: Path, device: str = "auto") -> TorchClassifier:
 
 
 def learner_onnx(learner_dir: Path) -> Path:
+    """The learner exported to the serve cache (reused while learner.json is unchanged), by a child interpreter."""
+    return Path(_in_child("learner", str(learner_dir)))
+
+
+def kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
+    """The kept steps of a learner that are not past its current step (a rollback leaves later ones), with their files."""
+    return {int(n): files for n, files in _in_child("steps", str(learner_dir)).items()}
+
+
+def step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
+    """Kept step ``step`` exported to the serve cache (its files never change, so it is exported once)."""
+    return Path(_in_child("step", str(learner_dir), str(step), json.dumps(files)))
+
+
+CHILD_TIMEOUT_S = 3600  # an export of a large learner on a slow CPU; a hung child is not waited on forever
+
+
+def _in_child(*args: str) -> Any:
+    """This module's own command in a new interpreter (torch loads there, not in the server); its JSON answer.
+
+    Raises:
+        SbcliError: the child's one sentence, as the error class it raised (a damaged learner stays a
+            LearnerError); ExportError when the child died without one.
+    """
+    try:
+        done = subprocess.run([sys.executable, "-m", "sbcli.export.serving", *args], capture_output=True, text=True,
+                              timeout=CHILD_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as err:
+        raise errors.ExportError(f"Exporting the learner for serving took over {CHILD_TIMEOUT_S} s; export it with "
+                                 "`sb export` and serve the .onnx file.") from err
+    if done.returncode == 0:
+        return json.loads(done.stdout)
+    kind, _, sentence = (done.stdout.strip().splitlines() or [""])[-1].partition(" ")
+    error = getattr(errors, kind, None)
+    if isinstance(error, type) and issubclass(error, errors.SbcliError) and sentence:
+        raise error(sentence)
+    last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+    raise errors.ExportError(f"Exporting the learner for serving failed ({last[:200]}); run `sb export` on it to see why.")
+
+
+def _learner_onnx(learner_dir: Path) -> Path:
     """The learner exported to the serve cache (reused while learner.json is unchanged; imports torch)."""
     key = hashlib.sha256(str(learner_dir.resolve()).encode() + b"\0" + (learner_dir / "learner.json").read_bytes())
     out = cache_dir() / f"{learner_dir.resolve().name}-{key.hexdigest()[:16]}.onnx"
@@ -87,7 +134,7 @@ def learner_onnx(learner_dir: Path) -> Path:
     return out
 
 
-def kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
+def _kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
     """The kept steps of a learner that are not past its current step (a rollback leaves later ones), with their files."""
     from sbcli.learner.state import open_stored
 
@@ -95,7 +142,7 @@ def kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
     return {n: files for n, files in stored.kept.items() if n <= stored.current}
 
 
-def step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
+def _step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
     """Kept step ``step`` exported to the serve cache (its files never change, so it is exported once)."""
     key = hashlib.sha256(f"{learner_dir.resolve()}\0{step}\0{json.dumps(files, sort_keys=True)}".encode())
     out = cache_dir() / f"{learner_dir.resolve().name}-step{step}-{key.hexdigest()[:16]}.onnx"
@@ -108,3 +155,25 @@ def step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
         check_output_file(out, overwrite=True)
         export_onnx(Learner.load(learner_dir, "cpu", step), out, OnnxConfig())
     return out
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m sbcli.export.serving learner DIR | steps DIR | step DIR N FILES``: the answer as JSON on stdout,
+    or the error's class and sentence on its last line (exit 1)."""
+    command, folder = argv[0], Path(argv[1])
+    try:
+        if command == "learner":
+            answer: Any = str(_learner_onnx(folder))
+        elif command == "steps":
+            answer = {str(n): files for n, files in _kept_steps(folder).items()}
+        else:
+            answer = str(_step_onnx(folder, int(argv[2]), json.loads(argv[3])))
+    except errors.SbcliError as err:
+        sys.stdout.write(f"{type(err).__name__} {' '.join(str(err).split())}\n")
+        return 1
+    sys.stdout.write(json.dumps(answer) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
