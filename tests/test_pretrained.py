@@ -196,3 +196,13 @@ def test_the_cli_refuses_in_one_sentence_before_reading_any_data(hub_api, tmp_pa
     assert result.exit_code != 0
     assert "pickle checkpoint" in result.output and "Traceback" not in result.output
     assert not out.exists()
+
+
+def test_a_cached_backbone_is_used_when_the_hub_does_not_answer(hub_api, fake_hub: FakeHub, tmp_path):
+    """Without HF_HUB_OFFLINE: the Hub fetched once, then gone (nothing listening), the cache answers."""
+    publish(hub_api, REPO, {"model.safetensors": save(timm_checkpoint())})
+    record = pretrained.load(REPO, "resnet18-in", WIDTH).record
+    fake_hub.stop()
+    assert pretrained.load(REPO, "resnet18-in", WIDTH).record["commit"] == record["commit"]
+    with pytest.raises(ExportError, match=r"hf download timm/other model.safetensors --revision main"):
+        pretrained.load("timm/other", "resnet18-in", WIDTH)  # never fetched: the sentence says how to fill the cache
