@@ -68,8 +68,6 @@ def copy_size(repo: Path, extra: list[str], max_mib: float | None = None) -> dic
             "fits": max_mib is None or total <= max_mib * 2**20}
 
 
-travel_size = copy_size  # the earlier name, still called by tests/benchmarks/test_gpu_check.py
-
 
 def write_subset(archive: Path, dest: Path, train_per_class: int | None, test_per_class: int | None = None) -> Path:
     """A class-per-folder archive of ``archive``'s first ``train_per_class`` training (and

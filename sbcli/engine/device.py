@@ -36,7 +36,7 @@ def native_bf16(device: torch.device) -> bool:
     """Whether ``device`` computes in bf16 natively, so that bf16 autocast is faster than float32.
 
     A CUDA GPU with bf16 units (Ampere or later), or a CPU with AVX-512 BF16 or AMX tiles (oneDNN's
-    bf16 convolutions; measured 1.7x to 2.0x the float32 step on a 2-core EPYC VM, docs/lab/performance.md).
+    bf16 convolutions; measured 1.7x to 2.0x the float32 step on a 2-core AMD EPYC CPU, docs/lab/performance.md).
     Elsewhere bf16 would be emulated, slower than float32.
     """
     if device.type == "cuda":

@@ -11,6 +11,7 @@ import dataclasses
 import platform
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ from sbcli.run import banner, evalsets
 from sbcli.run.plan import announce_plan
 from sbcli.run.results import write_results
 from sbcli.run.steps import StepSummary, learn_step
-from sbcli.watch.watcher import Watchers, WatcherLike, watchers_of
+from sbcli.watch.watcher import WatcherLike, Watchers, watchers_of
 
 StepFn = Callable[[StepSummary], None]
 
@@ -206,24 +207,8 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         if stored.get("scenario") != plan["scenario"] or not same_source(stored.get("source", {}), record):
             raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
     else:
-        # pretrained backbones expect the statistics they were trained with: ImageNet's
-        norm = Normalization(IMAGENET_MEAN, IMAGENET_STD) if weights else (opened.norm or compute_normalization(opened.train.images))
-        if weights is not None and weights.normalization is not None:  # an sbcli learner's backbone: its own statistics
-            norm = Normalization.from_json(weights.normalization)
-        if timm_in is not None:  # the statistics timm's pretrained configuration gives the architecture
-            norm = Normalization(timm_in.mean, timm_in.std)
-        state = _new_state(run, image_size, norm.to_json(), plan, spec["kind"])
-        torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
-        model = create_model(run.arch, scenario.sizes[0], run.width, run.train.zero_init_residual)
-        if weights is not None:
-            from sbcli.hub import pretrained
-
-            pretrained.apply(model, weights)
-            state.provenance = dataclasses.replace(state.provenance, pretrained=weights.record)
-        elif asked_random:
-            state.provenance = dataclasses.replace(state.provenance, pretrained={"source": RANDOM})
-        model = model.to(device)
-        learner = Learner(state, model, ExemplarMemory(run.memory, run.selection, run.seed))
+        state = _new_state(run, image_size, _normalization(opened, weights, timm_in).to_json(), plan, spec["kind"])
+        learner = _new_learner(state, run, scenario.sizes[0], weights, device)
     ordered = [names[c] for c in scenario.order]
     watchers.on_start(banner.banner(
         len(scenario.order), len(opened.train), len(opened.test) if opened.test is not None else 0, image_size, sizes,
@@ -240,6 +225,33 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         if on_step and distributed.is_main_process():
             on_step(summary_)
     return learner
+
+
+def _normalization(opened: Opened, weights: Any, timm_in: Any) -> Normalization:
+    """The statistics a new learner normalises with: a pretrained backbone's (ImageNet's, an sbcli learner's own,
+    or timm's configuration), else the training images'."""
+    if timm_in is not None:
+        return Normalization(timm_in.mean, timm_in.std)
+    if weights is not None and weights.normalization is not None:
+        return Normalization.from_json(weights.normalization)
+    if weights is not None:
+        return Normalization(IMAGENET_MEAN, IMAGENET_STD)
+    return opened.norm or compute_normalization(opened.train.images)
+
+
+def _new_learner(state: LearnerState, run: RunOptions, first_classes: int, weights: Any, device: torch.device) -> Learner:
+    """A learner's first network (its weights seeded by --seed alone, or the pretrained backbone) and empty memory;
+    the provenance records which weights it grew from."""
+    torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before
+    model = create_model(run.arch, first_classes, run.width, run.train.zero_init_residual)
+    if weights is not None:
+        from sbcli.hub import pretrained
+
+        pretrained.apply(model, weights)
+        state.provenance = dataclasses.replace(state.provenance, pretrained=weights.record)
+    elif run.pretrained == RANDOM:
+        state.provenance = dataclasses.replace(state.provenance, pretrained={"source": RANDOM})
+    return Learner(state, model.to(device), ExemplarMemory(run.memory, run.selection, run.seed))
 
 
 def _trains(state: LearnerState, sizes: list[int]) -> bool:

@@ -178,21 +178,22 @@ def test_junit_summary_counts_failures_and_groups_skip_reasons(tmp_path):
     assert summary["failed"] == [{"test": "t::b", "message": "boom"}] and summary["skip_reasons"] == {"no GPU": 2}
 
 
-def test_travel_size_counts_what_the_device_call_sends(tmp_path):
+def test_copy_size_counts_what_a_copy_of_the_checkout_holds(tmp_path):
     gd = load("gpu_data")
     run = lambda *cmd: subprocess.run(cmd, cwd=tmp_path, check=True, capture_output=True)
     run("git", "init", "-q")
     (tmp_path / ".gitignore").write_text("/.gpu-data/\n/runs/\n")
     (tmp_path / "tracked.bin").write_bytes(b"x" * 2**20)
     run("git", "add", "tracked.bin", ".gitignore")
-    (tmp_path / "untracked.bin").write_bytes(b"y" * 2**20)  # not ignored: it travels too
+    (tmp_path / "untracked.bin").write_bytes(b"y" * 2**20)  # not ignored: it is copied too
     (tmp_path / "runs").mkdir()
     (tmp_path / "runs" / "big.bin").write_bytes(b"z" * 5 * 2**20)  # ignored, not carried: stays here
     (tmp_path / ".gpu-data").mkdir()
     (tmp_path / ".gpu-data" / "data.zip").write_bytes(b"d" * 3 * 2**20)
-    size = gd.travel_size(tmp_path, [".gpu-data", ".whl"])
+    size = gd.copy_size(tmp_path, [".gpu-data", ".whl"])
     assert size["tree_mib"] == 2.0 and size["carried_mib"] == {".gpu-data": 3.0, ".whl": 0.0}
     assert size["total_mib"] == 5.0 and size["fits"] is True
+    assert gd.copy_size(tmp_path, [".gpu-data"], max_mib=4)["fits"] is False
 
 
 def test_the_gpu_benchmark_is_the_issues_configuration(tmp_path):

@@ -1,7 +1,7 @@
 """Decoding shared by every source: one image, many on a thread pool, and file listing.
 
 Encoded images are decoded on a thread pool (Pillow releases the GIL while decoding and
-resizing). Measured on a 2-core VM shared with another busy process: the 50,000 train JPEGs
+resizing). Measured on a 2-core CPU shared with another busy process: the 50,000 train JPEGs
 (64x64) of the 100-class Tiny-ImageNet subset decode in about 10 s straight from the zip, and
 CIFAR-10's 50,000 32x32 JPEGs as class folders in about 9 s; a decode-cache hit loads either in
 under a second.
