@@ -159,3 +159,20 @@ def test_a_folder_with_a_pretrained_backbone_defaults_to_the_ridge_head(one_task
     res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(tmp_path / "y"), "--device", "cpu",
                               "--pretrained", str(one_task_learner), "--method", "std", "--epochs", "1", "--quiet"])
     assert res.exit_code == 0 and Learner.load(tmp_path / "y").state.method == "std"  # an asked method stays
+
+
+def test_resuming_with_other_weights_is_refused(one_task_learner, color_data, tmp_path):
+    from safetensors.torch import save_file
+
+    model = Learner.load(one_task_learner).model
+    first, other = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(first))
+    save_file({k: (v + 1 if v.is_floating_point() else v).contiguous() for k, v in model.state_dict().items()}, str(other))
+    out = tmp_path / "x"
+    seq = api.SequenceOptions(source=str(color_data["task1_train"]), tasks=1, image_size=16)
+    api.train(seq, run_options(str(first)), out)
+    before = (out / "learner.json").read_bytes()
+    with pytest.raises(Exception, match=r"grew from a.safetensors .* not from --pretrained"):
+        api.train(seq, run_options(str(other)), out, resume=True)
+    assert (out / "learner.json").read_bytes() == before
+    api.train(seq, run_options(str(first)), out, resume=True)  # the same weights: resumed (nothing left to learn)

@@ -203,6 +203,7 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     plan = {"source": record, "scenario": scenario.to_json()}
     if resume:
         learner = Learner.load(out, device)
+        _check_same_weights(learner, run, out)
         stored = learner.state.plan or {}
         if stored.get("scenario") != plan["scenario"] or not same_source(stored.get("source", {}), record):
             raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
@@ -225,6 +226,25 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         if on_step and distributed.is_main_process():
             on_step(summary_)
     return learner
+
+
+def _check_same_weights(learner: Learner, run: RunOptions, out: Path) -> None:
+    """``--resume`` with ``--pretrained``: the weights must be the ones the learner grew from (by SHA-256).
+
+    Raises:
+        LearnerError: other weights, or weights given to a learner that grew from none.
+    """
+    if not run.pretrained or run.pretrained == RANDOM:
+        return
+    from sbcli.hub import pretrained
+
+    recorded = learner.state.provenance.pretrained or {}
+    given = pretrained.load(run.pretrained, learner.state.arch, learner.state.width).record
+    if recorded.get("sha256") != given.get("sha256"):
+        was = f"{recorded.get('name') or recorded.get('repo') or recorded.get('source', 'no weights')}" + (
+            f" (SHA-256 {recorded['sha256'][:12]}...)" if recorded.get("sha256") else "")
+        raise LearnerError(f"The learner at {out} grew from {was}, not from --pretrained {run.pretrained} (SHA-256 "
+                           f"{str(given.get('sha256'))[:12]}...); drop --pretrained to resume it, or start a new learner.")
 
 
 def _normalization(opened: Opened, weights: Any, timm_in: Any) -> Normalization:
