@@ -17,7 +17,9 @@ after the other (loopback only, a bounded number of requests, each with a timeou
   gives back);
 - ``nested-json``: a JSON body nested 100,000 lists deep;
 - ``sparse-file``: a 1 GiB sparse file sent as a raw image body (its Content-Length says so);
-- ``small``: one 32 x 32 PNG, which must still be answered.
+- ``small``: one 32 x 32 PNG, which must still be answered;
+- ``64x15mib-at-once`` and ``32x15mib-multipart-at-once``: that many 15 MiB uploads sent together
+  (raw bodies, then multipart forms): the bytes held at once are bounded (``--max-inflight-mb``).
 
 After each case it reads the server's ``VmHWM`` (peak) and, after ``--settle`` seconds,
 ``VmRSS`` from ``/proc/<pid>/status``; the peak is reset before each case through
@@ -42,6 +44,7 @@ import tempfile
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -90,6 +93,12 @@ def post(port: int, body: bytes, content_type: str) -> int:
         return 0
     finally:
         conn.close()
+
+
+def at_once(clients: int, send: Callable[[], int]) -> list[int]:
+    """``send`` from ``clients`` threads at the same moment: the statuses."""
+    with ThreadPoolExecutor(clients) as pool:
+        return list(pool.map(lambda _: send(), range(clients)))
 
 
 def post_file(port: int, path: Path) -> int:
@@ -203,6 +212,8 @@ def run_cases(port: int, pid: int, folder: Path, *, repeats: int, settle: float,
     three, three_kind = multipart([black_png(6000, 6000)] * 3)
     nested = b'{"images": ' + b"[" * depth + b"]" * depth + b"}"
     sparse = sparse_file(folder, sparse_bytes)
+    upload = bytes(15 * 2**20)  # 15 MiB: under the per-request limit, over the bytes held at once when many come together
+    upload_form, upload_kind = multipart([upload])
     rest = status_kib(pid)["VmRSS"] / 1024
     cases: list[tuple[str, Callable[[], list[int]]]] = [
         ("one-png", lambda: [post(port, big, "image/png")]),
@@ -212,6 +223,8 @@ def run_cases(port: int, pid: int, folder: Path, *, repeats: int, settle: float,
         ("nested-json", lambda: [post(port, nested, "application/json")]),
         ("sparse-file", lambda: [post_file(port, sparse)]),
         ("small", lambda: [post(port, small_png(32), "image/png")]),
+        ("64x15mib-at-once", lambda: at_once(64, lambda: post(port, upload, "image/png"))),
+        ("32x15mib-multipart-at-once", lambda: at_once(32, lambda: post(port, upload_form, upload_kind))),
     ]
     return round(rest, 1), [measure(pid, name, send, settle) for name, send in cases if not only or name in only]
 
