@@ -94,7 +94,7 @@ def test_add_task_trains_nothing_and_keeps_backbone_and_projection(grown, one_ta
         assert torch.equal(learner.model.state_dict()[key], value), key
     history = learner.state.history
     assert all(h.phases == [] for h in history) and history[-1].network_metrics is None
-    assert learner.extra[ranpac.PROJECTION].shape == (learner.model.num_features, 128)
+    assert learner.extra[ranpac.PROJECTION_KEY].shape == (learner.model.num_features, 128)
     assert learner.extra[ranpac.GRAM].dtype == torch.float64 and learner.extra[ranpac.TARGETS].shape == (128, 4)
     assert history[-1].metrics.overall > 50  # 4 colours, chance 25 %
 

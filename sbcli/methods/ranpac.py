@@ -37,7 +37,6 @@ if TYPE_CHECKING:  # torch only inside the functions: the CLI reads this Config 
     import torch
 
 INFERENCE = "ridge"
-PROJECTION, HEAD = PROJECTION_KEY, HEAD_KEY  # the rule scores with these
 GRAM, TARGETS = "ranpac.gram", "ranpac.targets"
 RIDGE_GRID = tuple(10.0**k for k in range(-8, 15))  # RanPAC's candidates
 HELD_BACK = 0.2  # of each step's new images, to choose lambda and the temperature
@@ -176,7 +175,7 @@ class RidgeState:
         if gram is None or targets is None or targets.shape[1] != num_old or gram.shape[0] != targets.shape[0]:
             raise LearnerError(f"The learner knows {num_old} classes but its ridge head's sums do not fit them; "
                                "it is damaged or was not trained with --method ranpac.")
-        return cls(extra.get(PROJECTION), gram, targets)
+        return cls(extra.get(PROJECTION_KEY), gram, targets)
 
     def grown(self, classes: int) -> RidgeState:
         """Q with zero columns for the new classes (no image of them yet)."""
@@ -228,9 +227,9 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     state = (RidgeState.start(features.shape[1], cfg, ctx.seed) if ctx.num_old == 0
              else RidgeState.stored(ctx.extra, ctx.num_old))
     state, head, chosen = fit_step(state, features, labels, ctx.num_total, cfg.ridge, ctx.seed * 1000 + ctx.step)
-    extra = {GRAM: state.gram, TARGETS: state.targets, HEAD: head}
+    extra = {GRAM: state.gram, TARGETS: state.targets, HEAD_KEY: head}
     if state.projection is not None:
-        extra[PROJECTION] = state.projection
+        extra[PROJECTION_KEY] = state.projection
     record = {**chosen, "images": int(new.sum()), "projection": cfg.projection,
               "ridge_seconds": round(time.perf_counter() - start, 3)}
     return TaskResult(phases=phases, record=record, extra_state=extra)

@@ -5,14 +5,14 @@ Imported explicitly so the registry is complete; torch-free at import.
 
 from sbcli.methods.rules import bic, icarl, nme, none, prototype, ridge, wa  # noqa: F401  (registration)
 from sbcli.methods.rules.rule import RULES, InferenceRule, register_rule
-from sbcli.methods.rules.rule import rules_help as _rules_help
 
 ORDER = ("wa", "none", "bic", "icarl", "nme", "prototype", "ridge")  # how the help lists them
 
 
 def rules_help() -> str:
-    """The ``--inference`` help, the rules in :data:`ORDER`."""
-    return _rules_help(ORDER)
+    """The ``--inference`` help: every offered rule with its summary, in :data:`ORDER`."""
+    rules = [RULES.get(name) for name in ORDER]
+    return "Inference rule: " + ", ".join(f"{r.name} ({r.summary})" for r in rules if r.offered)
 
 
 __all__ = ["RULES", "InferenceRule", "register_rule", "rules_help"]

@@ -57,9 +57,3 @@ def register_rule(rule: InferenceRule) -> InferenceRule:
     """Add ``rule`` under its name (a name registered twice is an error)."""
     RULES.register(rule.name)(rule)
     return rule
-
-
-def rules_help(order: tuple[str, ...]) -> str:
-    """The ``--inference`` help: every offered rule with its summary, in ``order``."""
-    rules = [RULES.get(name) for name in order]
-    return "Inference rule: " + ", ".join(f"{r.name} ({r.summary})" for r in rules if r.offered)
