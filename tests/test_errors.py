@@ -23,7 +23,6 @@ from sbcli.cli.app import app
 from sbcli.data.sources import load_folder
 from sbcli.engine.loop import Engine, Phase, TrainConfig
 from sbcli.errors import ConfigError, DataError, LearnerError, TrainingError
-from sbcli.learner.state import Learner
 
 runner = CliRunner()
 SMALL = ["--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu", "--image-size", "16"]
@@ -135,12 +134,12 @@ def test_an_unwritable_learner_directory_is_refused_before_training(tiny, color_
     learner = _copy(tiny, tmp_path)
     before = hashes(learner)
 
-    def denied(*args, **kwargs):
+    def denied(*args, **kwargs):  # the writer lock's file is the first thing add-task writes
         raise PermissionError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr("sbcli.learner.preflight.tempfile.mkstemp", denied)
+    monkeypatch.setattr("filelock.FileLock.acquire", denied)
     progress = []
-    with pytest.raises(LearnerError, match="is not writable .*Read-only file system.*nothing was trained"):
+    with pytest.raises(LearnerError, match="Cannot lock the learner .*Read-only file system.* writable"):
         api.add_task(learner, color_data["task2_train"], color_data["task2_test"], device="cpu", on_progress=progress.append)
     assert progress == [] and hashes(learner) == before
 
@@ -166,10 +165,10 @@ def test_a_failure_while_saving_is_one_sentence_and_the_learner_is_unchanged(tin
     learner = _copy(tiny, tmp_path)
     before = hashes(learner)
 
-    def full(self, path, *args, **kwargs):
+    def full(*args, **kwargs):
         raise failure
 
-    monkeypatch.setattr(Learner, "save", full)
+    monkeypatch.setattr("sbcli.learner.state.commit_step", full)
     res = runner.invoke(app, ["add-task", str(learner), str(color_data["task2_train"]), "--device", "cpu", "--epochs", "1"])
     assert res.exit_code == 1, res.output
     text = " ".join(res.stderr.split())

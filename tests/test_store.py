@@ -209,20 +209,29 @@ def test_a_failed_first_train_leaves_no_directory(tmp_path, color_data):
 
 
 def test_a_reader_whose_files_a_writer_deleted_reads_learner_json_again(base, tmp_path, monkeypatch):
-    import sbcli.learner.state as learner_module
+    from sbcli.learner.store import layout
 
     target = tmp_path / "l"
     learner = Learner.load(base)
     learner.save(target)
-    stale = learner_module.open_stored(target)  # the reader has read learner.json ...
+    stale = layout.read_stored(target)  # the reader has read learner.json ...
     fake_step(learner, 2.0)
     learner.save(target, keep=1)  # ... then a writer commits step 2 and deletes step 1
     assert not (target / "steps" / "0001").exists()
     calls = iter([stale])
-    real = learner_module.open_stored
-    monkeypatch.setattr(learner_module, "open_stored", lambda path: next(calls, None) or real(path))
+    real = layout.read_stored
+    monkeypatch.setattr(layout, "read_stored", lambda path: next(calls, None) or real(path))
     again = Learner.load(target)
     assert again.state.steps == 2 and marker(again) == 2.0
+
+
+def test_a_file_missing_without_a_commit_is_named_once(base, tmp_path):
+    target = tmp_path / "l"
+    Learner.load(base).save(target)
+    memory = next((target / "steps").glob("*/memory.safetensors"))
+    memory.unlink()
+    with pytest.raises(LearnerError, match=r"is missing steps/\d+/memory.safetensors; restore"):
+        Learner.load(target)
 
 
 def test_a_crash_at_every_point_of_the_first_save_of_a_format_1_learner(tmp_path, monkeypatch):

@@ -38,7 +38,6 @@ def cell_summary(history: list[StepRecord]) -> dict:
     """One cell's numbers: both averages, last, the per-step curves (accuracy, intra-old/new) and
     what ran: the epochs each step trained (every phase) and the precision of its phases."""
     from sbcli.metrics import history_summary
-    from sbcli.run.plan import actual_epochs
 
     overall = [h.metrics.overall for h in history]
     later = [h.metrics for h in history[1:]]
@@ -54,7 +53,7 @@ def cell_summary(history: list[StepRecord]) -> dict:
         "old": _mean([m.old for m in later]),
         "new": _mean([m.new for m in later]),
         "seconds": round(sum(h.seconds for h in history if h.seconds is not None), 1),
-        "epochs_per_step": actual_epochs(history),
+        "epochs_per_step": [h.epochs_trained for h in history],
         "precision": sorted({p.get("precision", "fp32") for h in history for p in h.phases}),
         **_network_summary(history),
     }

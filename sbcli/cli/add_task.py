@@ -88,10 +88,10 @@ def add_task(
 
     def show() -> None:
         if history:
+            line, hint = closing_line(history), keeping_hint(history, after.memory, after.provenance, after.tasks)
             for table in render.closing_tables(history, result):
                 render.OUT.print(table)
-            render.OUT.print(closing_line(history), highlight=False, soft_wrap=True)
-            hint = keeping_hint(history, after.memory, after.provenance, after.tasks)
+            render.OUT.print(line, highlight=False, soft_wrap=True)
             if hint:
                 render.OUT.print(hint, highlight=False, soft_wrap=True)
         render.OUT.print(f"Learner {learner} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")

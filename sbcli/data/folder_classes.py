@@ -1,7 +1,8 @@
 """The classes of a class-per-folder tree from its folder names alone, before any image is decoded.
 
 They let a command refuse, before any work, data that cannot make a sensible task: a test folder
-whose classes are not the training folder's, or a sequence of a single class.
+whose classes are not the training folder's, new classes the learner already knows, or a sequence
+of a single class.
 """
 
 from __future__ import annotations
@@ -32,6 +33,21 @@ def check_same_classes(train: Path, test: Path) -> None:
     parts = ([f"it lacks {_some(missing)}"] if missing else []) + ([f"it has {_some(extra)}, which {train} has not"] if extra else [])
     raise DataError(f"The test folder {test} does not hold the classes of {train} ({'; '.join(parts)}); "
                     "give a --test folder with the same class folders.")
+
+
+def check_new_classes(train: Path, test: Path | None, known: list[str]) -> None:
+    """Refuse new class folders (``sb add-task``) whose test folder holds other classes, or that name a
+    class already learned.
+
+    ``train`` that is not a directory is left to the loader, which names what it is.
+    """
+    if not Path(train).expanduser().is_dir():
+        return
+    if test is not None:
+        check_same_classes(train, test)
+    clash = sorted(set(class_names(train)) & set(known))
+    if clash:
+        raise DataError(f"The learner already knows {_some(clash)}; rename those class folders or drop them.")
 
 
 def check_first_task(sizes: list[int]) -> None:

@@ -38,6 +38,14 @@ class ImageSet:
         """(images, labels), as the device path joins them (the exemplar memory gives the same pair)."""
         return self.images, self.labels
 
+    @classmethod
+    def joined(cls, parts: list[ImageSet], class_names: list[str]) -> ImageSet:
+        """The images of ``parts`` one after the other (labels already in the order of ``class_names``);
+        no images (``0 x 3 x 1 x 1``) when there are no parts."""
+        if not parts:
+            return cls(torch.zeros(0, 3, 1, 1, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), list(class_names))
+        return cls(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), list(class_names))
+
     def subset(self, keep: torch.Tensor) -> "ImageSet":
         """The images whose ``keep`` mask (bool [N]) or index tensor selects them."""
         return ImageSet(self.images[keep], self.labels[keep], list(self.class_names))

@@ -208,18 +208,11 @@ class Engine:
     def run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
         """Train ``model`` for one phase on ``data``; the teacher (if any) runs in eval mode.
 
-        On CUDA, cuDNN autotunes its kernels for the phase (batch shapes are fixed); with
-        ``cfg.threads`` the CPU computes on that many threads. The process's own settings are
-        restored afterwards.
-        """
-        with cudnn_autotune(self.device), compute_threads(self.cfg.threads):
-            return self._run(model, data, phase)
-
-    def _run(self, model: nn.Module, data: DeviceData, phase: Phase) -> PhaseReport:
-        """The phase itself: optimiser, schedule, the epoch loop.
-
         Everything built here (layout, optimiser, DDP wrapper, compiled graphs) is built once per
-        phase; the epoch loop only launches work and reads the loss once per epoch.
+        phase; the epoch loop only launches work and reads the loss once per epoch. While the phase
+        computes, cuDNN autotunes its kernels on CUDA (batch shapes are fixed) and, with
+        ``cfg.threads``, the CPU computes on that many threads; the process's own settings are
+        restored afterwards.
         """
         graphs_on = self._graphs_on()
         self._to_layout(model, phase.teacher)
@@ -233,42 +226,45 @@ class Engine:
         def step(idx: torch.Tensor, set_to_none: bool = True) -> torch.Tensor:
             return self._step(student, teacher, model, data, idx, phase, opt, set_to_none)
 
-        graphed = None
-        if graphs_on:
-            graphs.device_lr(opt, self.device)
-            graphed = graphs.GraphedStep(step, self.device, self.augment_generator, self.cfg.batch_size)
-        start, seen, loss = time.perf_counter(), 0, float("nan")
-        selection = PhaseSelection.start(self.validator, model)
-        for epoch in range(1, phase.epochs + 1):
-            student.train()
-            epoch_start = time.perf_counter()
-            total, count = torch.zeros((), device=self.device), 0
-            size, bs = len(data), self.cfg.batch_size  # the batches batch_indices yields, for the live bars
-            batches = size // bs if self.cfg.drop_last and size >= bs else -(-size // bs)
-            for batch in data.batch_indices(self.cfg.batch_size, self.generator, self.cfg.drop_last):
-                idx = distributed.shard(batch, self.dist)
-                sched.before_step()
-                total += (step(idx) if graphed is None else graphed(idx)).detach()
-                count += 1
-                self.watchers.on_batch(count, batches)
-            lr = sched.current
-            sched.step()
-            loss = self._epoch_loss(total, count)  # the epoch's one host synchronisation
-            self._check_finite(loss, phase, epoch)
-            n = count * min(self.cfg.batch_size, len(data))  # over all ranks
-            seen += n
-            self._emit(phase, epoch, loss, n / max(time.perf_counter() - epoch_start, 1e-9), lr)
-            if selection is not None:
-                selection.after_epoch(self, model, epoch, phase.epochs)
-        extra = {} if selection is None else selection.finish(model, phase.epochs)
-        if graphed is not None:
-            extra["cuda_graph"] = graphed.status
-        distributed.broadcast_module(model, self.dist)
-        seconds = time.perf_counter() - start
-        report = PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9),
-                             precision=self.precision, processes=self.dist.world_size, extra=extra)
-        self.watchers.on_phase(report)
-        return report
+        with cudnn_autotune(self.device), compute_threads(self.cfg.threads):
+            graphed = None
+            if graphs_on:
+                graphs.device_lr(opt, self.device)
+                graphed = graphs.GraphedStep(step, self.device, self.augment_generator, self.cfg.batch_size)
+            start, seen, loss = time.perf_counter(), 0, float("nan")
+            selection = PhaseSelection.start(self.validator, model)
+            for epoch in range(1, phase.epochs + 1):
+                student.train()
+                epoch_start = time.perf_counter()
+                total, count = torch.zeros((), device=self.device), 0
+                size, bs = len(data), self.cfg.batch_size  # the batches batch_indices yields, for the live bars
+                batches = size // bs if self.cfg.drop_last and size >= bs else -(-size // bs)
+                for batch in data.batch_indices(self.cfg.batch_size, self.generator, self.cfg.drop_last):
+                    idx = distributed.shard(batch, self.dist)
+                    sched.before_step()
+                    total += (step(idx) if graphed is None else graphed(idx)).detach()
+                    count += 1
+                    self.watchers.on_batch(count, batches)
+                lr = sched.current
+                sched.step()
+                loss = self._epoch_loss(total, count)  # the epoch's one host synchronisation
+                self._check_finite(loss, phase, epoch)
+                n = count * min(self.cfg.batch_size, len(data))  # over all ranks
+                seen += n
+                rate = n / max(time.perf_counter() - epoch_start, 1e-9)
+                self.watchers.on_epoch(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate,
+                                                     self.precision, lr))
+                if selection is not None:
+                    selection.after_epoch(self, model, epoch, phase.epochs)
+            extra = {} if selection is None else selection.finish(model, phase.epochs)
+            if graphed is not None:
+                extra["cuda_graph"] = graphed.status
+            distributed.broadcast_module(model, self.dist)
+            seconds = time.perf_counter() - start
+            report = PhaseReport(phase.name, phase.epochs, loss, seconds, seen / max(seconds, 1e-9),
+                                 precision=self.precision, processes=self.dist.world_size, extra=extra)
+            self.watchers.on_phase(report)
+            return report
 
     def _step(self, student: nn.Module, teacher: nn.Module | None, model: nn.Module, data: DeviceData,
               idx: torch.Tensor, phase: Phase, opt: torch.optim.Optimizer, set_to_none: bool = True) -> torch.Tensor:
@@ -319,9 +315,6 @@ class Engine:
     def _compiled(self, model: nn.Module) -> nn.Module:
         """``torch.compile`` (once per phase: the wrapper is built here, graphs on first use)."""
         return torch.compile(model) if self.cfg.compile else model
-
-    def _emit(self, phase: Phase, epoch: int, loss: float, rate: float, lr: float) -> None:
-        self.watchers.on_epoch(ProgressEvent(self.task, phase.name, epoch, phase.epochs, loss, rate, self.precision, lr))
 
     @torch.no_grad()
     def logits(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:

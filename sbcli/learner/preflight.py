@@ -1,4 +1,4 @@
-"""Checks of the environment before training (a writable place with room for the save), and save errors.
+"""Checks of the environment before training: a writable place with room for the save.
 
 A read-only directory or a full disk is reported before an hour of training, not after it:
 :func:`check_writable` creates (and removes) a probe file where the learner will be written, and
@@ -11,11 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-
-from safetensors import SafetensorError
 
 from sbcli.errors import LearnerError
 
@@ -62,21 +58,6 @@ def check_free_space(directory: Path, need: int) -> None:
         raise LearnerError(f"Not enough free space for the learner at {directory}: a save needs about "
                            f"{_mib(need)} and {where} has {_mib(free)} free; free some space or choose another "
                            "place (nothing was trained).")
-
-
-@contextmanager
-def save_errors(out: Path) -> Iterator[None]:
-    """A failure while saving to ``out`` (a full disk, a permission) as one sentence.
-
-    Raises:
-        LearnerError: the save failed; the atomic commit left what was saved before unchanged.
-    """
-    try:
-        yield
-    except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
-        reason = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.strerror else str(err)
-        raise LearnerError(f"Could not save the learner to {out} ({reason}); what was saved there before is "
-                           "unchanged: free some space or fix the permissions and run the command again.") from err
 
 
 def _mib(n: int) -> str:

@@ -40,6 +40,11 @@ class StepRecord:
     train_config: dict[str, Any] | None = None  # this step's own engine settings, as recorded (TrainConfig's asdict)
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def epochs_trained(self) -> int:
+        """Epochs the step did train, all its phases together."""
+        return sum(p.get("epochs", 0) for p in self.phases)
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step, "num_classes": self.num_classes, "metrics": self.metrics.to_json()}
         if self.network_metrics is not None:

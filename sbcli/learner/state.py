@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save as safetensors_bytes
 
 from sbcli.data.device import Normalization
@@ -34,7 +35,7 @@ from sbcli.learner import validate
 from sbcli.learner.records import MemorySettings, Provenance, StepRecord, TaskRecord, TestSampleSettings
 from sbcli.learner.store import legacy
 from sbcli.learner.store.commit import commit_step, write_flat
-from sbcli.learner.store.layout import FORMAT_VERSION, Stored, read_stored
+from sbcli.learner.store.layout import FORMAT_VERSION, Stored, read_step, read_stored
 from sbcli.learner.test_sample import CarriedSample
 from sbcli.methods.base import MethodConfig
 from sbcli.methods.memory import ExemplarMemory
@@ -131,8 +132,16 @@ class Learner:
 
         ``keep``: keep only the last N steps (default: the learner's stored setting, all for a new one).
         The caller holds the writer lock when ``path`` may have other writers.
+
+        Raises:
+            LearnerError: the save failed (a full disk, a permission); what was saved before is unchanged.
         """
-        commit_step(Path(path), self._payload(), self.state.to_json(), keep)
+        try:
+            commit_step(Path(path), self._payload(), self.state.to_json(), keep)
+        except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
+            reason = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.strerror else str(err)
+            raise LearnerError(f"Could not save the learner to {path} ({reason}); what was saved there before is "
+                               "unchanged: free some space or fix the permissions and run the command again.") from err
 
     def publish(self, folder: Path) -> None:
         """Write the current step alone into the new folder ``folder``, files at the root (for the Hub)."""
@@ -153,39 +162,41 @@ class Learner:
     def load(cls, path: Path, device: torch.device | str = "cpu", step: int | None = None) -> "Learner":
         """Read a learner directory (no pickle), at its current step or at kept step ``step``.
 
+        The store reads and verifies the bytes (:func:`sbcli.learner.store.layout.read_step`); this parses
+        them, checking every tensor before a network is built from it.
+
         Raises:
             LearnerError: no learner, a missing or malformed file, a newer format, or a step not kept.
         """
         path = Path(path)
-        stored = open_stored(path)
-        try:
-            return cls._read(stored, device, step)
-        except FileNotFoundError as err:
-            # a writer may have committed and deleted the files this reading named: read learner.json again once
-            again = open_stored(path)
-            if again.raw == stored.raw:
-                raise _missing(path, err) from err
-        try:
-            return cls._read(again, device, step)
-        except FileNotFoundError as err:
-            raise _missing(path, err) from err
-
-    @classmethod
-    def _read(cls, stored: Stored, device: torch.device | str, step: int | None) -> "Learner":
-        state, files = _step_state(stored, step)
-        root = stored.root
-        tensors = _tensors(stored, files["model"])
-        validate.check_model_tensors(tensors, state, root / files["model"])  # before any network is built
+        legacy.recover(path)
+        read = read_step(path, step)
+        state = _parse_state(read.state, read.where)
+        tensors = validate.parse_safetensors(read.data["model"], read.path("model"))  # bytes checked, parsed without trust
+        validate.check_model_tensors(tensors, state, read.path("model"))  # before any network is built
+        memory = ExemplarMemory(state.memory.budget, state.memory.selection, state.memory.seed)
+        kept = validate.parse_safetensors(read.data["memory"], read.path("memory"))
+        validate.check_memory_tensors(kept, state, read.path("memory"))
+        if "images" not in kept or "labels" not in kept:
+            raise LearnerError(f"{read.path('memory')} lacks images or labels; restore the learner from a copy.")
+        if len(kept["labels"]):
+            memory.images, memory.labels = kept["images"], kept["labels"].long()
+        sample = None  # the carried test sample, checked against what learner.json records of it
+        if state.test_sample is not None:
+            if "test_sample" not in read.files:
+                raise LearnerError(f"learner.json of {read.root} records a test sample but names no file for it; "
+                                   "restore the learner from a copy.")
+            sample = carried_sample.check(validate.parse_safetensors(read.data["test_sample"], read.path("test_sample")),
+                                          state.test_sample.counts, state.num_classes, state.image_size,
+                                          read.path("test_sample"))
         model = create_model(state.arch, state.num_classes, state.width)
         extra = {k[len(EXTRA_PREFIX):]: v for k, v in tensors.items() if k.startswith(EXTRA_PREFIX)}
-        weights = {k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)}
         try:
-            model.load_state_dict(weights)
+            model.load_state_dict({k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)})
         except RuntimeError as err:
-            raise LearnerError(f"{root / files['model']} does not match learner.json ({err.args[0].splitlines()[0]}); "
+            raise LearnerError(f"{read.path('model')} does not match learner.json ({err.args[0].splitlines()[0]}); "
                                "the learner is corrupt, restore it from a copy.") from err
-        memory = _load_memory(stored, files["memory"], state)
-        return cls(state, model.to(device), memory, extra, _load_sample(stored, files, state))
+        return cls(state, model.to(device), memory, extra, sample)
 
 
 def open_stored(path: Path) -> Stored:
@@ -197,10 +208,11 @@ def open_stored(path: Path) -> Stored:
 def read_state(path: Path, step: int | None = None) -> LearnerState:
     """Check a learner directory and parse its state (at kept step ``step``, default the current one)."""
     stored = open_stored(Path(path))
+    data, where = stored.checked_state(step)
     missing = [rel for rel in stored.step_files(step).values() if not (stored.root / rel).is_file()]
     if missing:
         raise LearnerError(f"The learner at {path} is missing {', '.join(missing)}; restore the directory from a copy.")
-    return _step_state(stored, step)[0]
+    return _parse_state(data, where)
 
 
 def kept_steps(path: Path) -> list[int]:
@@ -208,54 +220,9 @@ def kept_steps(path: Path) -> list[int]:
     return sorted(open_stored(Path(path)).kept)
 
 
-def _step_state(stored: Stored, step: int | None) -> tuple[LearnerState, dict[str, str]]:
-    """The state of kept ``step`` (default: the current one), checked, and the files the step names."""
-    files = stored.step_files(step)
-    data, where = stored.step_state(stored.current if step is None else step)
-    validate.check_state_json(data, where)
-    if step is None or step == stored.current:
-        stored.check_agrees()  # learner.json, which no hash covers, says what the step's hashed record says
-    if not isinstance(data, dict):
-        raise LearnerError(f"{where} holds a JSON {type(data).__name__}, not an object; restore it from a copy.")
+def _parse_state(data: dict[str, Any], where: Path) -> LearnerState:
+    """The typed state of a checked state JSON object."""
     try:
-        return LearnerState.from_json(data), files
+        return LearnerState.from_json(data)
     except TypeError as err:
         raise LearnerError(f"{where} has unexpected fields ({err}); restore it from a copy.") from err
-
-
-def _missing(root: Path, err: FileNotFoundError) -> LearnerError:
-    name = Path(err.filename or "a file")
-    rel = name.relative_to(root) if name.is_relative_to(root) else name
-    return LearnerError(f"The learner at {root} is missing {rel}; restore the directory from a copy.")
-
-
-def _tensors(stored: Stored, rel: str) -> dict[str, torch.Tensor]:
-    """A named safetensors file: read once, checked against its recorded hash, then parsed without trust."""
-    path = stored.root / rel
-    if not path.is_file():
-        raise FileNotFoundError(2, "No such file", str(path))
-    return validate.parse_safetensors(stored.read(rel), path)
-
-
-def _load_memory(stored: Stored, rel: str, state: LearnerState) -> ExemplarMemory:
-    path = stored.root / rel
-    tensors = _tensors(stored, rel)
-    validate.check_memory_tensors(tensors, state, path)
-    if "images" not in tensors or "labels" not in tensors:
-        raise LearnerError(f"{path} lacks images or labels; restore the learner from a copy.")
-    memory = ExemplarMemory(state.memory.budget, state.memory.selection, state.memory.seed)
-    if len(tensors["labels"]):
-        memory.images, memory.labels = tensors["images"], tensors["labels"].long()
-    return memory
-
-
-def _load_sample(stored: Stored, files: dict[str, str], state: LearnerState) -> CarriedSample | None:
-    """The carried test sample, checked against what learner.json records of it (None when it has none)."""
-    if state.test_sample is None:
-        return None
-    rel = files.get("test_sample")
-    if rel is None:
-        raise LearnerError(f"learner.json of {stored.root} records a test sample but names no file for it; "
-                           "restore the learner from a copy.")
-    path = stored.root / rel
-    return carried_sample.check(_tensors(stored, rel), state.test_sample.counts, state.num_classes, state.image_size, path)

@@ -17,10 +17,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from sbcli.data import folder_classes
-from sbcli.data.catalog import Opened, open_spec, relabel, resolve_spec
+from sbcli.data.catalog import open_spec, relabel, resolve_spec
 from sbcli.data.imageset import ImageSet
 from sbcli.data.records import check_dataset_name, remember_source
 from sbcli.engine import distributed
@@ -29,13 +27,13 @@ from sbcli.engine.loop import Engine
 from sbcli.errors import ConfigError, DataError, LearnerError
 from sbcli.learner import preflight, validate
 from sbcli.learner.records import TaskRecord
-from sbcli.learner.state import Learner, LearnerState
+from sbcli.learner.state import Learner
 from sbcli.learner.store.lock import writer_lock
 from sbcli.methods import METHODS
 from sbcli.methods.base import balance_epochs
 from sbcli.methods.memory import class_quotas
 from sbcli.run import banner, evalsets
-from sbcli.run.plan import announce_plan, epochs_trained
+from sbcli.run.plan import announce_plan
 from sbcli.run.sequence import check_keep, empty_like, save_from_main
 from sbcli.run.steps import StepSummary, learn_step
 from sbcli.watch.watcher import WatcherLike, watchers_of
@@ -70,14 +68,21 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
         dev = resolve_device(device)  # load
         learner = Learner.load(learner_dir, dev)
         state = learner.state
-        preflight.check_writable(learner_dir)  # check
         logged = {"learner": str(learner_dir), "folder": str(folder), "method": state.method,  # what logs record: as loaded
                   "method_config": dataclasses.asdict(state.method_config),
                   "train": {**dataclasses.asdict(state.train_config), "epochs": opts.epochs or state.train_config.epochs}}
-        before = epochs_trained(state.history)
-        _check(learner, learner_dir, opts, warmup_epochs)
-        spec, opened = _open(folder, test, state)  # data
+        before = sum(h.epochs_trained for h in state.history)  # a log's epochs count on from there
+        _check(learner, learner_dir, opts, warmup_epochs)  # check (the lock proved the directory writable)
+        folder_classes.check_new_classes(folder, test, state.class_names)  # data: by folder names, before decoding
+        spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=state.image_size,
+                            data_root=None, download=False)
+        if spec["kind"] != "folder":
+            raise DataError(f"{folder} is not a class-per-folder directory; add-task takes one folder per new class.")
+        opened = open_spec(spec)
         new = list(opened.train.class_names)
+        names = state.class_names + new
+        train_set = relabel(opened.train, names, new)  # labels in the learner's order
+        new_test = relabel(opened.test, names, new) if opened.test else empty_like(train_set)
         trains = METHODS.get(state.method).plan(state.method_config, state.train_config.epochs, state.num_classes,
                                                 state.num_classes + len(new)) > 0  # a frozen backbone's later steps do not
         start = banner.banner(len(new), len(opened.train), len(opened.test) if opened.test is not None else 0,
@@ -86,12 +91,8 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
         preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
                                                                      state.image_size, state.memory.budget))
         old = evalsets.test_data(learner, opts.data_roots) if state.tasks else None
-        names = state.class_names + new
-        train_set = relabel(opened.train, names, new)
-        new_test = relabel(opened.test, names, new) if opened.test else empty_like(train_set)
         parts = [p for p in (old.test if old else None, new_test) if p is not None and len(p)]
-        test_set = (ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), names) if parts
-                    else empty_like(train_set))
+        test_set = ImageSet.joined(parts, names) if parts else empty_like(train_set)
         published = [name for name in PUBLISHED_FILES if (learner_dir / name).is_file()]
         record = TaskRecord(new, remember_source(spec, opened.train, opened.test, opts.name))
         watchers.on_start(start)  # step
@@ -131,22 +132,6 @@ def _check(learner: Learner, where: Path, opts: AddTaskOptions, warmup_epochs: f
         changes["balance_epochs"] = balance_epochs(state.method, state.method_config, opts.balance_epochs, asked=True)
     validate.check_settings({"train_config": {**dataclasses.asdict(state.train_config), **changes}})
     state.train_config = dataclasses.replace(state.train_config, **changes)
-
-
-def _open(folder: Path, test: Path | None, state: LearnerState) -> tuple[dict, Opened]:
-    """The new classes' images: one class-per-folder directory (its test folder of the same classes),
-    none of whose classes the learner knows."""
-    spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=state.image_size,
-                        data_root=None, download=False)
-    if spec["kind"] != "folder":
-        raise DataError(f"{folder} is not a class-per-folder directory; add-task takes one folder per new class.")
-    if test is not None:
-        folder_classes.check_same_classes(Path(spec["path"]), Path(spec["test"]))
-    opened = open_spec(spec)
-    clash = sorted(set(opened.train.class_names) & set(state.class_names))
-    if clash:
-        raise DataError(f"The learner already knows {', '.join(clash)}; rename those class folders or drop them.")
-    return spec, opened
 
 
 def _published_notes(learner_dir: Path, before: list[str], step: int) -> list[str]:

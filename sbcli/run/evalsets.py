@@ -15,8 +15,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-
 from sbcli.data.catalog import open_spec, relabel
 from sbcli.data.fingerprint import fingerprint
 from sbcli.data.imageset import ImageSet
@@ -221,7 +219,7 @@ def choose(state, sample: CarriedSample | None, data_roots: list[Path] | None = 
                 else "the learner carries no test sample of these classes")
         report.append(TaskTestData(step + 1, classes, "none", 0, f"nowhere: {found.why} and {lack}"))
     finder.check_roots()
-    return EvalData(_join(parts, state.class_names), report)
+    return EvalData(ImageSet.joined(parts, state.class_names), report)
 
 
 def _resized(images: ImageSet, record: dict) -> ImageSet:
@@ -231,12 +229,6 @@ def _resized(images: ImageSet, record: dict) -> ImageSet:
 
     spec = {"kind": record["kind"], **({"image_size": record["image_size"]} if "image_size" in record else {})}
     return resize_opened(Opened(images, images, None), spec).test
-
-
-def _join(parts: list[ImageSet], class_names: list[str]) -> ImageSet:
-    if not parts:
-        return ImageSet(torch.zeros(0, 3, 1, 1, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), list(class_names))
-    return ImageSet(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), list(class_names))
 
 
 def test_data(learner, data_roots: list[Path] | None = None, required: Path | None = None) -> EvalData:

@@ -1,17 +1,33 @@
-"""`sb evaluate`: how a learner on disk (now, or at a kept step) does on a folder or on its own test sets."""
+"""How a learner does on test images: under its inference rule (:func:`evaluate_learner`, what every step records),
+and `sb evaluate` on a learner on disk (now, or at a kept step), on a folder or on its own test sets."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from sbcli.data.catalog import open_spec, relabel, resolve_spec
+from sbcli.data.imageset import ImageSet
 from sbcli.engine.device import resolve_device
 from sbcli.engine.loop import Engine
 from sbcli.errors import DataError
 from sbcli.learner.state import Learner
-from sbcli.metrics import history_summary
+from sbcli.methods.inference import scoring_module
+from sbcli.metrics import StepMetrics, history_summary, step_metrics
 from sbcli.run import evalsets
-from sbcli.run.steps import evaluate_learner
+
+
+def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet, *, network: bool = False) -> StepMetrics:
+    """Metrics of the learner's current model on ``test`` (labels in the learner's order).
+
+    Under the learner's inference rule, or with ``network`` under the network's own output (its
+    logits, whatever the rule: what iCaRL's nearest mean or BiC's correction start from).
+    """
+    if len(test) == 0:
+        nan = float("nan")
+        return StepMetrics(nan, [nan] * (max(learner.state.class_task) + 1), nan, nan, nan, nan)
+    rule = learner.state.method_config.inference
+    model = learner.model if network else scoring_module(learner.model, learner.extra, rule)
+    return step_metrics(engine.logits(model, test.images), test.labels, learner.state.class_task)
 
 
 def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto", step: int | None = None,

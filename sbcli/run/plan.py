@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from sbcli.methods import METHODS, build_config
 
 if TYPE_CHECKING:
-    from sbcli.learner.records import StepRecord
     from sbcli.learner.state import LearnerState
     from sbcli.watch.watcher import Watcher
 
@@ -40,16 +39,6 @@ def sequence_epochs(method: str, options: dict | Any, epochs: int, sizes: Sequen
     """Planned epochs of steps ``first_step..`` of a sequence whose tasks have ``sizes`` classes."""
     return [step_epochs(method, options, epochs, step, sum(sizes[:step]), sum(sizes[: step + 1]), balance)
             for step in range(first_step, len(sizes))]
-
-
-def actual_epochs(history: Sequence[StepRecord]) -> list[int]:
-    """Epochs each recorded step did train, all its phases together."""
-    return [sum(p.get("epochs", 0) for p in h.phases) for h in history]
-
-
-def epochs_trained(history: Sequence[StepRecord]) -> int:
-    """Epochs the recorded steps did train, all their phases together (a log of an added step counts on from there)."""
-    return sum(actual_epochs(history))
 
 
 def announce_plan(watchers: Watcher, state: LearnerState, sizes: Sequence[int]) -> None:

@@ -304,8 +304,7 @@ def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None
     memory.images, memory.labels, learner.extra = distributed.broadcast_objects(
         [memory.images, memory.labels, learner.extra], group)
     if group.is_main:
-        with preflight.save_errors(out):
-            learner.save(out, keep)
+        learner.save(out, keep)
         write_results(learner.state, out)
     distributed.barrier(group)
 

@@ -22,10 +22,11 @@ from sbcli.methods import METHODS, TaskContext, TaskResult
 from sbcli.methods.balance import balanced_finetune
 from sbcli.methods.base import balance_epochs
 from sbcli.methods.common import frozen_copy, weight_align
-from sbcli.methods.inference import outside_network, refresh_state, scoring_module
+from sbcli.methods.inference import outside_network, refresh_state
 from sbcli.methods.rules import RULES
-from sbcli.metrics import StepMetrics, step_metrics
+from sbcli.metrics import StepMetrics
 from sbcli.nets import create_model
+from sbcli.run.evaluation import evaluate_learner
 
 
 @dataclass(frozen=True)
@@ -38,20 +39,6 @@ class StepSummary:
     seconds: float
     notes: list[str] = field(default_factory=list)  # what the CLI should also say (test data used, stale files)
     state: LearnerState | None = None  # the learner as saved after the step (filled by api.add_task, for its caller)
-
-
-def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet, *, network: bool = False) -> StepMetrics:
-    """Metrics of the learner's current model on ``test`` (labels in the learner's order).
-
-    Under the learner's inference rule, or with ``network`` under the network's own output (its
-    logits, whatever the rule: what iCaRL's nearest mean or BiC's correction start from).
-    """
-    if len(test) == 0:
-        nan = float("nan")
-        return StepMetrics(nan, [nan] * (max(learner.state.class_task) + 1), nan, nan, nan, nan)
-    rule = learner.state.method_config.inference
-    model = learner.model if network else scoring_module(learner.model, learner.extra, rule)
-    return step_metrics(engine.logits(model, test.images), test.labels, learner.state.class_task)
 
 
 def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: list[str], engine: Engine,
@@ -80,13 +67,13 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     method = METHODS.get(state.method)
     after_phases = engine.for_step(step + 1)  # what follows the method's phases uses no held-out images
     engine = engine.for_step(step + 1, validator)
-    ctx = TaskContext(step=step, model=learner.model, teacher=teacher, data=data, num_old=num_old,
-                      num_total=state.num_classes, engine=engine, epochs=state.train_config.epochs,
+    ctx = TaskContext(step=step, model=learner.model, teacher=teacher, data=data,
+                      seen_data=None if seen_train is None else (
+                          lambda: DeviceData.join([seen_train().tensors()], engine.device)),
+                      num_old=num_old, num_total=state.num_classes, engine=engine, epochs=state.train_config.epochs,
                       evaluate=lambda: evaluate_learner(learner, engine, test),
                       make_aux_model=lambda n: create_model(state.arch, n, state.width).to(engine.device),
                       extra=dict(learner.extra), memory_budget=learner.memory.budget,
-                      seen_data=None if seen_train is None else (
-                          lambda: DeviceData.join([seen_train().tensors()], engine.device)),
                       align=not align_last, seed=state.seed)
     result = method.learn_task(ctx, cfg)
     learner.extra.update(result.extra_state)

@@ -46,10 +46,8 @@ from sbcli.learner.store.layout import (
     Record,
     Stored,
     check_confined,
-    holds_learner,
     read_stored,
 )
-from sbcli.learner.store.legacy import leftovers
 
 LOG = logging.getLogger(__name__)
 FAULT_ENV = "SBCLI_FAULT_AT"
@@ -129,7 +127,6 @@ def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], ke
         check_confined(root)  # also where no learner.json is yet: leftovers are deleted below
         old = read_stored(root) if (root / STATE_FILE).is_file() else None
         remove_leftovers(root, old)
-        remove_siblings(root)
         kept = {} if old is None else {n: f for n, f in _kept_after_migration(root, old).items() if n < step}
         step_payload = {**payload, "state": state_bytes(state)}
         kept[step] = write_step(root, step, step_payload)
@@ -142,7 +139,7 @@ def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], ke
     except OSError as err:
         raise LearnerError(f"Could not save the learner at {root} ({err.strerror or err}: {err.filename or root}); "
                            "the learner there is unchanged; free space or fix the permissions and run again.") from err
-    remove_unreferenced(root)
+    remove_unreferenced(root, _referenced(kept))
 
 
 def write_flat(folder: Path, payload: dict[str, bytes], state: dict[str, Any]) -> None:
@@ -248,21 +245,21 @@ def remove_leftovers(root: Path, stored: Stored | None) -> None:
     _remove_steps(root, set() if stored is None else _referenced(stored.kept), "delete:leftover-step")
 
 
-def remove_unreferenced(root: Path) -> None:
-    """After a commit: the step folders and format-1 files that ``learner.json`` no longer names.
+def remove_unreferenced(root: Path, referenced: set[str]) -> None:
+    """After a commit: the step folders and format-1 files that the new ``learner.json`` no longer names
+    (``referenced``: what it names). The save checked the learner for links before it wrote, under the
+    writer lock, so nothing is deleted through one.
 
     A failure here loses nothing (the commit is done); the next writer retries.
     """
     try:
-        stored = read_stored(root)  # which refuses a learner holding a link: nothing is deleted through one
-        referenced = _referenced(stored.kept)
         _remove_steps(root, referenced, "delete:dropped-step")
         for name in V1_FILES.values():
             if (root / name).exists() and name not in referenced:
                 (root / name).unlink()
                 checkpoint("delete:v1")
         fsync_dir(root)
-    except (OSError, LearnerError) as err:
+    except OSError as err:
         LOG.warning("The learner at %s is saved; removing its unused step files failed (%s), the next save retries.",
                     root, err)
 
@@ -286,22 +283,6 @@ def _remove_steps(root: Path, referenced: set[str], point: str) -> None:
         shutil.rmtree(folder)
         checkpoint(point)
     fsync_dir(steps)
-
-
-def remove_siblings(target: Path) -> None:
-    """Delete the other ``.L.tmp-*``/``.L.old-*`` folders once ``target`` holds a learner (writers only).
-
-    Only what a save of sbcli provably wrote is deleted: an empty folder or a learner's files alone.
-    """
-    if not holds_learner(target):
-        return
-    for folder in leftovers(target):
-        if written_by_a_save(folder):
-            shutil.rmtree(folder)
-            LOG.info("Removed %s, left beside %s by an interrupted save.", folder.name, target.name)
-        else:
-            LOG.warning("Left %s beside %s alone: it has the name of an interrupted save's folder but holds "
-                        "files no save writes; move or rename it if it is yours.", folder, target.name)
 
 
 # What a learner directory's root may hold besides the steps: its state, the writer lock, the files

@@ -48,7 +48,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sbcli.errors import LearnerError
-from sbcli.learner.validate import RESTORE, check_format_version
+from sbcli.learner.validate import RESTORE, check_format_version, check_state_json
 
 FORMAT_VERSION = 3  # 3: format 2 plus "hashes" (every named file's SHA-256 and size)
 HASHED_SINCE = 3
@@ -249,13 +249,89 @@ class Stored:
             raise LearnerError(f"{self.root / STATE_FILE} disagrees with the step's hashed record {rel} on "
                                f"{', '.join(differs[:3])}: it was edited after it was saved; {RESTORE}.")
 
+    def checked_state(self, step: int | None) -> tuple[dict[str, Any], Path]:
+        """The state JSON of kept ``step`` (default: the current one), its fields checked, and where it came from.
+
+        For the current step, ``learner.json`` must also say what the step's hashed record says
+        (:meth:`check_agrees`).
+
+        Raises:
+            LearnerError: the step is not kept, or its state is malformed or disagrees with its record.
+        """
+        n = self.current if step is None else step
+        data, where = self.step_state(n)
+        check_state_json(data, where)
+        if n == self.current:
+            self.check_agrees()
+        if not isinstance(data, dict):
+            raise LearnerError(f"{where} holds a JSON {type(data).__name__}, not an object; restore it from a copy.")
+        return data, where
+
     def read(self, rel: str) -> bytearray:
         """The bytes of the named file ``rel``, checked against its recorded SHA-256 and size (when recorded)."""
         return read_verified(self.root / rel, self.hashes.get(rel))
 
+    def read_file(self, rel: str) -> bytearray:
+        """:meth:`read`, and FileNotFoundError for anything at ``rel`` that is not a file (a folder)."""
+        if not (self.root / rel).is_file():
+            raise FileNotFoundError(2, "No such file", str(self.root / rel))
+        return self.read(rel)
+
     def referenced(self) -> set[str]:
         """Every path (relative to the root) that a kept step names."""
         return {rel for files in self.kept.values() for rel in files.values()}
+
+
+@dataclass(frozen=True)
+class StepRead:
+    """One kept step as a reader gets it: the checked state JSON and the verified bytes of the step's files.
+
+    Attributes:
+        root: the learner directory.
+        state: the step's state fields, checked (:meth:`Stored.checked_state`).
+        where: the file the state came from (``learner.json`` for the current step).
+        files: key -> path relative to ``root`` (keys of :data:`STEP_FILES`).
+        data: key -> the bytes of that file, checked against its recorded SHA-256 and size (the state excepted).
+    """
+
+    root: Path
+    state: dict[str, Any]
+    where: Path
+    files: dict[str, str]
+    data: dict[str, bytearray]
+
+    def path(self, key: str) -> Path:
+        return self.root / self.files[key]
+
+
+def read_step(root: Path, step: int | None = None) -> StepRead:
+    """Read ``learner.json`` once, check the state of ``step`` (default: the current one), then read every
+    file it names, each checked against its hash as it is read.
+
+    A writer may commit and delete the files this reading named while it reads them: the reader then
+    reads ``learner.json`` again, once (when it changed), and reads the files that one names.
+
+    Raises:
+        LearnerError: no learner, a malformed or altered file, a step not kept, or a named file missing.
+    """
+    seen: bytes | None = None
+    missing = FileNotFoundError(2, "No such file", str(root / STATE_FILE))
+    for _attempt in range(2):
+        stored = read_stored(root)
+        if stored.raw == seen:  # nothing was committed meanwhile: the file is simply missing
+            break
+        seen = stored.raw
+        files = stored.step_files(step)
+        try:
+            state, where = stored.checked_state(step)  # a kept step's state.json is a named file too
+            data = {key: stored.read_file(rel) for key, rel in files.items() if key != "state"}
+        except FileNotFoundError as err:
+            missing = err
+            continue
+        return StepRead(root, state, where, files, data)
+    name = Path(missing.filename or "a file")
+    rel = name.relative_to(root) if name.is_relative_to(root) else name
+    raise LearnerError(f"The learner at {root} is missing {rel}; restore the directory from a copy.") from missing
 
 
 def _canonical(value: Any) -> str:

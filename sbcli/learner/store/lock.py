@@ -60,7 +60,7 @@ def writer_lock(folder: Path, command: str, *, create: bool = False, enabled: bo
     if not enabled:
         yield
         return
-    legacy.recover(folder)
+    legacy.recover(folder, writer=True)  # and what an interrupted 0.1 save left beside it
     made = create and not folder.exists()
     if made:
         folder.mkdir(parents=True)
