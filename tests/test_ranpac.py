@@ -55,6 +55,17 @@ def test_the_ridge_is_chosen_on_held_back_images_and_the_temperature_sharpens():
     assert float(probs.max(1).values.mean()) > 0.6  # not the near-uniform softmax of raw ridge scores (about 1/5)
 
 
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_coarse_to_fine_search_finds_the_best_ridge_of_the_whole_grid(seed):
+    feats, labels = features(300, 5, seed=seed)
+    h, y = ranpac.project(feats, ranpac.random_projection(feats.shape[1], 96, seed)), ranpac.one_hot(labels, 5)
+    fit, held = slice(0, 240), slice(240, 300)
+    gram, targets = ranpac.accumulate(torch.zeros(96, 96, dtype=torch.float64), torch.zeros(96, 5, dtype=torch.float64),
+                                      h[fit], y[fit])
+    everywhere = [ranpac.held_back_error(gram, targets, h[held], y[held], r) for r in ranpac.RIDGE_GRID]
+    assert ranpac.choose_ridge(gram, targets, h[held], y[held]) == ranpac.RIDGE_GRID[everywhere.index(min(everywhere))]
+
+
 def test_a_bad_config_is_one_sentence():
     for kw, words in (({"projection": -1}, "--projection"), ({"ridge": 0.0}, "--ridge"),
                       ({"inference": "wa"}, "--inference wa")):

@@ -19,7 +19,7 @@ from sbcli.cli.app import app
 from sbcli.engine.loop import Engine, TrainConfig
 from sbcli.errors import ConfigError
 from sbcli.learner.state import Learner
-from sbcli.methods.simplecil import PROTOTYPES_KEY, class_prototypes
+from sbcli.methods.simplecil import PROTOTYPES_KEY, SCALE_KEY, class_prototypes
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 WIDTH = 0.125
@@ -114,7 +114,9 @@ def test_export_parity_folds_the_prototypes_into_one_linear_layer(simplecil_lear
     images = torch.rand(3, 3, 32, 32).numpy()
     onnx_scores = open_classifier(tmp_path / "model.onnx").scores(images)
     torch_scores = open_classifier(simplecil_learner, device="cpu", open_learner=open_learner).scores(images)
-    assert abs(onnx_scores - torch_scores).max() < 1e-4 and (abs(onnx_scores) <= 1 + 1e-5).all()  # cosines
+    scale = float(Learner.load(simplecil_learner, "cpu").extra[SCALE_KEY])
+    assert abs(onnx_scores - torch_scores).max() < 1e-4 * scale
+    assert (abs(onnx_scores) <= scale * (1 + 1e-5)).all()  # cosines times the stored scale
 
 
 def test_a_pulled_learner_without_memory_grows(simplecil_learner, color_data, fake_hub: FakeHub, tmp_path):

@@ -48,7 +48,7 @@ def train(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Learner directory to write (default: a new runs/SOURCE, runs/SOURCE-2, ...).", rich_help_panel=OUT, show_default=False)] = None,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the sequence in --out from its last completed step.", rich_help_panel=OUT)] = False,
     keep: KeepOpt = None,
-    image_size: Annotated[Optional[int], typer.Option("--image-size", help="Training resolution for folders (default 32).", rich_help_panel=DATA, show_default=False)] = None,
+    image_size: Annotated[Optional[int], typer.Option("--image-size", help="Training resolution for folders (default 32; with --pretrained ImageNet weights, the size they were trained at, e.g. 224).", rich_help_panel=DATA, show_default=False)] = None,
     tasks: Annotated[Optional[int], typer.Option("--tasks", help=describe("Number of equal-size tasks", "tasks", "train"), rich_help_panel=DATA, show_default=False)] = None,
     base: Annotated[Optional[int], typer.Option("--base", help="Classes of the first task (then --increment per task).", rich_help_panel=DATA, show_default=False)] = None,
     increment: Annotated[Optional[int], typer.Option("--increment", help="Classes of every later task.", rich_help_panel=DATA, show_default=False)] = None,

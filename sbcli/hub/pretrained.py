@@ -14,8 +14,10 @@ Refused, with nothing trained: a pickle checkpoint (``torch.save``, ``pytorch_mo
 one can run code), a file that is not safetensors, a backbone of another architecture, weights
 whose SHA-256 differs from ``--pretrained-sha256``. What was loaded (repository, revision, commit,
 file, SHA-256; a local file or learner by its name and SHA-256, never its path on this machine) is
-recorded in learner.json under ``provenance.pretrained``. A Hub backbone that was fetched once is
-used from the cache when the Hub does not answer.
+recorded in learner.json under ``provenance.pretrained``, with ``input_size``, the square resolution the
+weights were trained at, where it is known (:func:`weights_input_size`): a new learner's images are
+resized to it unless ``--image-size`` says otherwise. A Hub backbone that was fetched once is used
+from the cache when the Hub does not answer.
 
 ``random`` (:data:`RANDOM`) says on purpose that a frozen-backbone method keeps random weights.
 """
@@ -39,6 +41,8 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 HEAD_PREFIXES = ("fc.", "head.", "extra.")
 _LAYER = re.compile(r"^layer(\d+)\.(\d+)\.(.*)$")
 _DOWNSAMPLE = {"downsample.0.": "shortcut.", "downsample.1.": "shortcut_bn."}
+IMAGENET_SIZE = 224  # the side torchvision's and timm's ImageNet ResNets are trained at
+IMAGENET_STEM = "-in"  # sbcli's ImageNet-style ResNets (resnet18-in, resnet34-in), the architectures of those weights
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,29 @@ def load(ref: str, arch: str, width: float, *, sha256: str | None = None, hub_cf
                           "for (corrupted, tampered with or another revision); nothing was trained.")
     record = {k: v for k, v in record.items() if k != "cached"} | {"sha256": digest, "arch": arch}
     tensors = _read_safetensors(path, _origin(record))
-    return PretrainedWeights(_match(tensors, arch, width, _origin(record)), record)
+    matched = _match(tensors, arch, width, _origin(record))
+    size = weights_input_size(record, arch, imagenet_names=any(_LAYER.match(k) for k in tensors))
+    return PretrainedWeights(matched, record if size is None else record | {"input_size": size})
+
+
+def weights_input_size(record: dict[str, Any], arch: str, *, imagenet_names: bool) -> int | None:
+    """The square resolution weights were trained at, where it is known, else None.
+
+    A timm Hub repository (``timm/NAME``, e.g. ``timm/resnet18.a1_in1k``): the training ``input_size`` of timm's
+    pretrained configuration of NAME (known to timm offline), as for ``--arch timm/NAME``; weights in timm's or
+    torchvision's ResNet layout (``layerN.i.*``: ImageNet weights) on an ImageNet-style ResNet: 224. An sbcli
+    backbone's own weights (``stages.*``) may have been trained at any size: their learner directory says which.
+    """
+    from sbcli.nets.timm_backbone import PREFIX, is_timm_arch, known_input_size
+
+    repo = str(record.get("repo") or "") if record.get("source") == "hub" else ""
+    for name in (repo, arch):  # the weights' own tag first: timm/NAME is both a Hub repository and an --arch
+        size = known_input_size(name) if name.startswith(PREFIX) else None
+        if size is not None:
+            return size
+    if imagenet_names and not is_timm_arch(arch) and arch.endswith(IMAGENET_STEM):
+        return IMAGENET_SIZE
+    return None
 
 
 def apply(model: torch.nn.Module, weights: PretrainedWeights) -> None:

@@ -11,10 +11,19 @@ is one forward pass over the new images.
 the first task for N epochs, then freezes it; 0 (the default) keeps the backbone as it was built
 or loaded (``--pretrained``, or a timm architecture's Hub weights).
 
-The prototypes live in the learner as the ``simplecil.prototypes`` tensor [C_seen, D] (float32);
-the ``prototype`` scoring module of :mod:`sbcli.methods.inference` turns them into one linear layer over
-normalised features, which is what ``sb evaluate``, ``sb predict``, ``sb serve`` and the ONNX
-export compute.
+Cosines lie in [-1, 1], so a softmax over them is nearly uniform whatever the ranking. Every step
+therefore fits one scale ``s`` (:data:`SCALES`, 1 .. 128) minimising the negative log-likelihood of
+``softmax(s * cos)`` over every seen prototype, on the step's images (its new classes', and the
+exemplars' when ``--memory`` keeps some): each image of a new class is scored against its own class's
+prototype without it (leave-one-out), as an image the prototype never saw would be. ``s`` is
+positive, so predictions and accuracies do not change; the probabilities ``sb predict`` and
+``sb serve`` report do.
+
+The prototypes live in the learner as the ``simplecil.prototypes`` tensor [C_seen, D] (float32), the
+scale as ``simplecil.scale`` [1] (float32; a learner saved before it has none and scores with 1); the
+``prototype`` scoring module of :mod:`sbcli.methods.inference` turns them into one linear layer over
+normalised features (the scale folded into its weight), which is what ``sb evaluate``, ``sb predict``,
+``sb serve`` and the ONNX export compute.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError, LearnerError
 from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
-from sbcli.methods.rules.prototype import PROTOTYPES_KEY  # the rule scores with what is kept under it
+from sbcli.methods.rules.prototype import PROTOTYPES_KEY, SCALE_KEY  # the rule scores with what is kept under them
 
 if TYPE_CHECKING:  # torch only inside the functions: the CLI reads this Config without it
     import torch
@@ -33,6 +42,10 @@ if TYPE_CHECKING:  # torch only inside the functions: the CLI reads this Config 
     from sbcli.engine.loop import Engine
 
 INFERENCE = "prototype"
+# softmax scales tried, in quarter octaves: 1 is the plain cosine; past 128 a cosine gap of 0.05 already
+# separates the top two classes by e^6, more than one step's images can vouch for
+SCALES = tuple(2.0 ** (k / 4) for k in range(29))
+FIT_IMAGES = 20_000  # one number needs no more; the scores of N images take N x C x 8 bytes per candidate
 ADAPT_HELP = "Fine-tune the backbone with CE on the first task for N epochs (APER), then freeze it (0: frozen as built or loaded)."
 
 
@@ -68,17 +81,59 @@ def class_prototypes(features: torch.Tensor, labels: torch.Tensor, classes: rang
     return sums / counts[:, None]
 
 
-def new_prototypes(engine: Engine, model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
-                   classes: range, flips: bool) -> torch.Tensor:
-    """The prototypes of ``classes`` from their images (exemplars of other classes are left out)."""
+def step_features(engine: Engine, model: torch.nn.Module, images: torch.Tensor, labels: torch.Tensor,
+                  classes: range, flips: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The normalised features [N, D] of all the step's images (what scoring sees) and, for the images of
+    ``classes`` only, the normalised terms [N_new, D] their prototypes average (flips included)."""
     from torch.nn import functional as F
 
-    keep = (labels >= classes.start) & (labels < classes.stop)
-    images, labels = images[keep], labels[keep]
     feats = F.normalize(engine.features(model, images), dim=1)
+    new = ((labels >= classes.start) & (labels < classes.stop)).cpu()
+    terms = feats[new]
     if flips:
-        feats = (feats + F.normalize(engine.features(model, images.flip(-1)), dim=1)) / 2
-    return class_prototypes(feats, labels.cpu(), classes).cpu()
+        flipped = F.normalize(engine.features(model, images[new.to(images.device)].flip(-1)), dim=1)
+        terms = F.normalize(terms + flipped, dim=1)
+    return feats, terms
+
+
+def fit_temperature(scores: torch.Tensor, labels: torch.Tensor, temperatures: tuple[float, ...]) -> float:
+    """The T of ``temperatures`` for which softmax(scores / T) has the lowest NLL on ``labels``."""
+    import torch
+
+    nll = [float(torch.nn.functional.cross_entropy(scores.double() / t, labels.long())) for t in temperatures]
+    return temperatures[min(range(len(nll)), key=nll.__getitem__)]
+
+
+def held_out_cosines(feats: torch.Tensor, labels: torch.Tensor, protos: torch.Tensor, terms: torch.Tensor,
+                     counts: torch.Tensor, classes: range) -> torch.Tensor:
+    """Cosines [N, C] of the normalised ``feats`` to every prototype; an image of ``classes`` (its term the
+    matching row of ``terms``; ``counts`` terms in each of these classes' prototypes) meets its own class's
+    prototype without its own term (a class of one image keeps its prototype)."""
+    import torch
+    from torch.nn import functional as F
+
+    scores = feats @ F.normalize(protos, dim=1).T
+    rows = ((labels >= classes.start) & (labels < classes.stop)).nonzero().flatten()
+    own = labels[rows].long()
+    n = counts[own - classes.start]
+    left = protos[own] * n[:, None] - terms  # the class's sum of terms without this image's
+    loo = (feats[rows] * F.normalize(left, dim=1)).sum(1)
+    scores[rows, own] = torch.where(n > 1, loo, scores[rows, own])
+    return scores
+
+
+def fit_scale(feats: torch.Tensor, labels: torch.Tensor, protos: torch.Tensor, terms: torch.Tensor,
+              classes: range) -> float:
+    """The scale of :data:`SCALES` whose softmax over held-out cosines has the lowest NLL (on at most about
+    :data:`FIT_IMAGES` of the images, every k-th)."""
+    import torch
+
+    new = (labels >= classes.start) & (labels < classes.stop)
+    counts = torch.bincount(labels[new].long() - classes.start, minlength=len(classes))
+    stride = max(1, -(-len(labels) // FIT_IMAGES))
+    pick = torch.arange(len(labels)) % stride == 0
+    scores = held_out_cosines(feats[pick], labels[pick], protos, terms[pick[new]], counts, classes)
+    return 1.0 / fit_temperature(scores, labels[pick], tuple(1.0 / s for s in SCALES))
 
 
 def stored_prototypes(extra: dict[str, torch.Tensor], num_old: int) -> torch.Tensor | None:
@@ -129,9 +184,13 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     old = stored_prototypes(ctx.extra, ctx.num_old)
     phases = adapt(ctx, cfg)
     start = time.perf_counter()
-    new = new_prototypes(ctx.engine, ctx.model, ctx.data.images, ctx.data.labels,
-                         range(ctx.num_old, ctx.num_total), cfg.prototype_flips)
+    classes = range(ctx.num_old, ctx.num_total)
+    labels = ctx.data.labels.cpu()
+    feats, terms = step_features(ctx.engine, ctx.model, ctx.data.images, labels, classes, cfg.prototype_flips)
+    new = class_prototypes(terms, labels[labels >= ctx.num_old], classes).cpu()
     protos = new if old is None else torch.cat([old, new])
-    record = {"prototypes_from": int((ctx.data.labels >= ctx.num_old).sum()), "flips": cfg.prototype_flips,
+    scale = fit_scale(feats, labels, protos, terms, classes)
+    record = {"prototypes_from": len(terms), "flips": cfg.prototype_flips, "scale": scale,
               "prototype_seconds": round(time.perf_counter() - start, 3)}
-    return TaskResult(phases=phases, record=record, extra_state={PROTOTYPES_KEY: protos.contiguous()})
+    extra = {PROTOTYPES_KEY: protos.contiguous(), SCALE_KEY: torch.tensor([scale], dtype=torch.float32)}
+    return TaskResult(phases=phases, record=record, extra_state=extra)

@@ -14,6 +14,7 @@ These backbones have no Split-and-Bridge partition: only frozen-backbone methods
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,7 @@ from sbcli.errors import ConfigError
 from sbcli.nets.layers import GrowingHead, MaskedLinear
 
 PREFIX = "timm/"
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]*")  # timm's model names, with or without a pretrained tag
 
 
 def is_timm_arch(arch: object) -> bool:
@@ -84,6 +86,18 @@ def input_config(arch: str) -> TimmInput:
     mean, std = cfg.get("mean", (0.485, 0.456, 0.406)), cfg.get("std", (0.229, 0.224, 0.225))
     hub = cfg.get("hf_hub_id") or arch
     return TimmInput(int(size[-1]), tuple(float(m) for m in mean), tuple(float(s) for s in std), hub)
+
+
+def known_input_size(name: str) -> int | None:
+    """The training resolution of ``timm/NAME`` (:func:`input_config`), or None when timm is not installed or has
+    no such architecture or tag: a Hub repository ``timm/NAME`` of weights names the timm model they were trained as.
+    Only a plain model name is looked up (timm's ``hf-hub:``/``local-dir:`` forms would read a configuration file)."""
+    if not _PLAIN_NAME.fullmatch(name[len(PREFIX):]):
+        return None
+    try:
+        return input_config(name).image_size
+    except ConfigError:
+        return None
 
 
 def match_weights(tensors: dict[str, torch.Tensor], arch: str, origin: str) -> dict[str, torch.Tensor]:

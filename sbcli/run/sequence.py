@@ -187,8 +187,7 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
 
         ref = run.pretrained or timm_in.weights
         weights = pretrained.load(ref, run.arch, run.width, sha256=run.pretrained_sha256)
-    if timm_in is not None:
-        seq = dataclasses.replace(seq, image_size=seq.image_size or timm_in.image_size)
+    seq = _weights_image_size(seq, weights, timm_in, out if resume else None)
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
     opened = open_spec(spec, download=seq.download)
@@ -245,6 +244,34 @@ def _check_same_weights(learner: Learner, run: RunOptions, out: Path) -> None:
             f" (SHA-256 {recorded['sha256'][:12]}...)" if recorded.get("sha256") else "")
         raise LearnerError(f"The learner at {out} grew from {was}, not from --pretrained {run.pretrained} (SHA-256 "
                            f"{str(given.get('sha256'))[:12]}...); drop --pretrained to resume it, or start a new learner.")
+
+
+def _weights_image_size(seq: SequenceOptions, weights: Any, timm_in: Any, resumed: Path | None) -> SequenceOptions:
+    """The sequence at the resolution the backbone's weights were trained at (their record's ``input_size``:
+    timm's configuration, 224 for other ImageNet weights; resuming a learner that adopted it, its own) when
+    ``--image-size`` is not given; a given one is kept, and said in one line of the log when it is another."""
+    if resumed is not None and (resumed / "learner.json").is_file():  # the resolution it began at, asked or adopted
+        from sbcli.learner.state import read_state
+
+        state = read_state(resumed)
+        adopted = seq.image_size is None and (
+            timm_in is not None or (state.provenance.pretrained or {}).get("input_size") is not None)
+        return dataclasses.replace(seq, image_size=state.image_size) if adopted else seq
+    record = weights.record if weights is not None else {}
+    size = record.get("input_size") or (timm_in.image_size if timm_in is not None else None)
+    if size is None:
+        return seq
+    if seq.image_size is None:
+        return dataclasses.replace(seq, image_size=int(size))
+    if seq.image_size != size and distributed.is_main_process():
+        import logging
+
+        origin = record.get("repo") or record.get("name") or (timm_in.weights if timm_in is not None else None)
+        logging.getLogger(__name__).warning(
+            "--image-size %d is not %d, the resolution the pretrained weights%s were trained at: the images are "
+            "resized to %d as asked (drop --image-size to use %d).", seq.image_size, size,
+            f" ({origin})" if origin else "", seq.image_size, size)
+    return seq
 
 
 def _normalization(opened: Opened, weights: Any, timm_in: Any) -> Normalization:

@@ -54,16 +54,18 @@ def stored_per_class(model: IncrementalResNet, extra: dict[str, torch.Tensor], k
 
 
 class PrototypeScores(nn.Module):
-    """SimpleCIL's rule: cosine similarity of the features to every class prototype, as one linear layer.
+    """SimpleCIL's rule: ``scale`` times the cosine similarity of the features to every class prototype, as one
+    linear layer.
 
-    The layer's weight is the normalised prototypes [C, D] (no bias); its input the normalised
-    pooled features, so the ONNX graph is the backbone, a normalisation and one MatMul.
+    The layer's weight is the normalised prototypes [C, D] times ``scale`` (no bias); its input the
+    normalised pooled features, so the ONNX graph is the backbone, a normalisation and one MatMul. A
+    positive scale changes the softmax's sharpness, never the ranking.
     """
 
-    def __init__(self, model: IncrementalResNet, prototypes: torch.Tensor) -> None:
+    def __init__(self, model: IncrementalResNet, prototypes: torch.Tensor, scale: float = 1.0) -> None:
         super().__init__()
         self.model = model
-        weight = nn.functional.normalize(prototypes.detach().float(), dim=1)
+        weight = nn.functional.normalize(prototypes.detach().float(), dim=1) * scale
         self.head = nn.Linear(weight.shape[1], weight.shape[0], bias=False).to(next(model.parameters()).device)
         with torch.no_grad():
             self.head.weight.copy_(weight)
@@ -73,11 +75,21 @@ class PrototypeScores(nn.Module):
         return self.head(nn.functional.normalize(self.model.forward_features(x).float(), dim=1))
 
 
-def prototype_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], key: str) -> nn.Module:
-    """Scores of the ``prototype`` rule (``--method simplecil``) from the prototypes in ``extra``."""
+def prototype_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], key: str, scale_key: str) -> nn.Module:
+    """Scores of the ``prototype`` rule (``--method simplecil``) from the prototypes and scale in ``extra``.
+
+    A learner saved before the scale was fitted has none: its scores are the plain cosines (scale 1).
+
+    Raises:
+        ExportError: the prototypes are missing or misshaped, or the scale is not one positive number.
+    """
     protos = stored_per_class(model, extra, key, "class prototypes", "pull or copy it again",
                               "scores by class prototypes", "it is damaged: pull or copy it again")
-    return PrototypeScores(model, protos)
+    scale = extra.get(scale_key)
+    if scale is not None and (scale.numel() != 1 or not float(scale) > 0):
+        raise ExportError(f"The stored '{scale_key}' is {scale.tolist()}, not one positive number; the learner is "
+                          "inconsistent, pull or copy it again.")
+    return PrototypeScores(model, protos, 1.0 if scale is None else float(scale))
 
 
 class RidgeScores(nn.Module):
