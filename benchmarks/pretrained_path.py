@@ -16,6 +16,14 @@ the call. One JSON line per run on stdout; ``--report FILE`` prints the markdown
 
     PYTHONPATH=. python benchmarks/pretrained_path.py --data DIR/tiny-imagenet-100-32px.zip --seeds 0 > runs.jsonl
     PYTHONPATH=. python benchmarks/pretrained_path.py --report runs.jsonl
+
+``--grow-data DIR/cifar10-jpeg.zip`` grows the same backbone (still built from ``--data``) on another
+data set instead: a zip of class-per-folder images, ``<top>/train/<class>/*`` and ``<top>/test/<class>/*``
+(CIFAR-10 as JPEGs, 32 px like the backbone's images). All its classes are grown on, in ``--tasks``
+tasks (5 by default there: 2 classes a task for CIFAR-10), their order shuffled by each seed;
+``--per-class`` caps the training images of a class, ``--test-per-class`` its test images (all by
+default). Each JSON line records the grow data (``grow``), and ``--report`` prints one set of tables
+for each.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import zipfile
 from pathlib import Path
 
 METHODS = ("ranpac", "simplecil", "std-ft", "sb-ft", "std-scratch")
+DEFAULT_GROW = "tiny-imagenet-100-32px.zip"  # the JSON lines without ``grow``: the other half of --data
 
 
 def class_split(names: list[str]) -> tuple[list[str], list[str]]:
@@ -39,8 +48,14 @@ def class_split(names: list[str]) -> tuple[list[str], list[str]]:
     return sorted(order[: len(order) // 2]), order[len(order) // 2 :]
 
 
-def write_classes(archive: zipfile.ZipFile, names: list[str], classes: list[str], root: Path, per_class: int) -> None:
-    for split, limit in (("train", per_class), ("test", None)):
+def members(archive: zipfile.ZipFile) -> list[str]:
+    """The image files of a class-per-folder zip: ``<top>/<split>/<class>/<file>``."""
+    return [n for n in archive.namelist() if not n.endswith("/") and n.count("/") == 3]
+
+
+def write_classes(archive: zipfile.ZipFile, names: list[str], classes: list[str], root: Path, per_class: int,
+                  test_per_class: int | None = None) -> None:
+    for split, limit in (("train", per_class), ("test", test_per_class)):
         for cls in classes:
             folder = root / split / cls
             if folder.is_dir():
@@ -50,21 +65,40 @@ def write_classes(archive: zipfile.ZipFile, names: list[str], classes: list[str]
                 (folder / Path(member).name).write_bytes(archive.read(member))
 
 
-def build(zip_path: Path, work: Path, per_class: int, tasks: int, seed: int) -> tuple[Path, list[tuple[Path, Path]]]:
-    """The backbone's folder and, for ``seed``, the (train, test) folders of each task to grow on."""
+def grow_tasks(archive: zipfile.ZipFile, names: list[str], classes: list[str], root: Path, per_class: int,
+               tasks: int, seed: int, test_per_class: int | None = None) -> list[tuple[Path, Path]]:
+    """The (train, test) folders of each task under ``root``: ``classes`` in ``seed``'s order, in ``tasks``
+    equal parts."""
+    order = list(classes)
+    random.Random(seed).shuffle(order)
+    size = len(order) // tasks
+    if size < 1:
+        raise SystemExit(f"{tasks} tasks of {len(order)} classes: fewer than one class a task")
+    out = []
+    for t in range(tasks):
+        task = root / f"task{t + 1}"
+        write_classes(archive, names, order[t * size : (t + 1) * size], task, per_class, test_per_class)
+        out.append((task / "train", task / "test"))
+    return out
+
+
+def build(zip_path: Path, work: Path, per_class: int, tasks: int, seed: int, grow_zip: Path | None = None,
+          test_per_class: int | None = None) -> tuple[Path, list[tuple[Path, Path]]]:
+    """The backbone's folder and, for ``seed``, the (train, test) folders of each task to grow on: the other
+    half of ``zip_path``'s classes, or every class of ``grow_zip``."""
     with zipfile.ZipFile(zip_path) as archive:
-        names = [n for n in archive.namelist() if not n.endswith("/") and n.count("/") == 3]
+        names = members(archive)
         backbone, grow = class_split(sorted({n.split("/")[2] for n in names}))
         write_classes(archive, names, backbone, work / "backbone", per_class)
-        order = list(grow)
-        random.Random(seed).shuffle(order)
-        size = len(order) // tasks
-        out = []
-        for t in range(tasks):
-            root = work / f"grow-s{seed}" / f"task{t + 1}"
-            write_classes(archive, names, order[t * size : (t + 1) * size], root, per_class)
-            out.append((root / "train", root / "test"))
-    return work / "backbone", out
+        if grow_zip is None:
+            root = work / (f"grow-s{seed}" if test_per_class is None else f"grow-s{seed}-t{test_per_class}")
+            return work / "backbone", grow_tasks(archive, names, grow, root, per_class, tasks, seed, test_per_class)
+    with zipfile.ZipFile(grow_zip) as archive:
+        names = members(archive)
+        classes = sorted({n.split("/")[2] for n in names})
+        # the folder names what decides its contents, so a run with other caps never reuses it
+        root = work / f"grow-{Path(grow_zip).stem}-n{per_class}-t{test_per_class or 'all'}-s{seed}"
+        return work / "backbone", grow_tasks(archive, names, classes, root, per_class, tasks, seed, test_per_class)
 
 
 def pretrain(folder: Path, out: Path, args: argparse.Namespace) -> dict:
@@ -115,19 +149,32 @@ def run_one(name: str, backbone: Path, tasks: list[tuple[Path, Path]], out: Path
         api.add_task(out, train_dir, test_dir, device="cpu")
         add_seconds.append(round(time.perf_counter() - start, 2))
     history = json.loads((out / "learner.json").read_text())["history"]
-    return {"method": name, "seed": seed, "summary": history_summary([StepRecord.from_json(h) for h in history]),
+    settings = ("arch", "width", "epochs", "lr", "memory", "per_class", "test_per_class", "tasks")
+    return {"method": name, "seed": seed, "grow": grow_name(args),
+            "summary": history_summary([StepRecord.from_json(h) for h in history]),
             "overall": [h["metrics"]["overall"] for h in history], "first_task_s": round(first, 2),
-            "add_task_s": add_seconds, "settings": {k: getattr(args, k) for k in ("arch", "width", "epochs", "lr",
-                                                                                 "memory", "per_class", "tasks")}}
+            "add_task_s": add_seconds, "settings": {k: getattr(args, k) for k in settings}}
+
+
+def grow_name(args: argparse.Namespace) -> str:
+    return Path(args.grow_data).name if args.grow_data else DEFAULT_GROW
 
 
 def report(path: Path) -> None:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     runs = [r for r in rows if "method" in r]
-    for r in rows:
-        if "backbone_top1" in r:
-            print(f"Backbone: top-1 {r['backbone_top1']:.1f} % on its own 50 classes.\n")
+    for top1 in dict.fromkeys(r["backbone_top1"] for r in rows if "backbone_top1" in r):
+        print(f"Backbone: top-1 {top1:.1f} % on its own 50 classes.\n")
+    groups: dict[tuple[str, int], list[dict]] = {}
+    for r in runs:  # runs grown on other data, or in another number of tasks, never share a table
+        groups.setdefault((r.get("grow", DEFAULT_GROW), len(r["overall"])), []).append(r)
+    for i, ((grow, tasks), mine) in enumerate(groups.items()):
+        if grow != DEFAULT_GROW or len(groups) > 1:
+            print(("\n" if i else "") + f"Grown on {grow} in {tasks} tasks:\n")
+        report_tables(mine)
 
+
+def report_tables(runs: list[dict]) -> None:
     def cell(values: list[float]) -> str:
         return f"{statistics.mean(values):.1f} ({min(values):.1f}-{max(values):.1f})" if len(values) > 1 else f"{values[0]:.1f}"
 
@@ -145,13 +192,16 @@ def report(path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, help="tiny-imagenet-100-32px.zip")
+    parser.add_argument("--data", type=Path, help="tiny-imagenet-100-32px.zip (the backbone's classes)")
+    parser.add_argument("--grow-data", type=Path,
+                        help="grow on every class of this zip (cifar10-jpeg.zip) instead of the other half of --data")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--arch", default="resnet18")
     parser.add_argument("--width", type=float, default=0.25)
     parser.add_argument("--per-class", type=int, default=200, help="training images of each class")
-    parser.add_argument("--tasks", type=int, default=10)
+    parser.add_argument("--test-per-class", type=int, help="test images of each grown class (default: all)")
+    parser.add_argument("--tasks", type=int, help="tasks to grow in (default: 10, or 5 with --grow-data)")
     parser.add_argument("--pretrain-epochs", type=int, default=15)
     parser.add_argument("--epochs", type=int, default=10, help="the trained rows: epochs a step")
     parser.add_argument("--lr", type=float, default=0.01)
@@ -165,10 +215,13 @@ def main() -> None:
         return
     if args.data is None:
         parser.error("--data is required (the tiny-imagenet-100-32px.zip)")
+    if args.tasks is None:
+        args.tasks = 5 if args.grow_data else 10
     args.work.mkdir(parents=True, exist_ok=True)
     backbone_dir = args.work / "backbone-learner"
     for seed in args.seeds:
-        folder, tasks = build(args.data, args.work, args.per_class, args.tasks, seed)
+        folder, tasks = build(args.data, args.work, args.per_class, args.tasks, seed, args.grow_data,
+                              args.test_per_class)
         if seed == args.seeds[0]:
             print(json.dumps(pretrain(folder, backbone_dir, args)), flush=True)
         for name in args.methods:
