@@ -34,6 +34,8 @@ EPILOG = """Examples:
 A step uses the method and settings the learner records (a folder's default: STD + WA with the head's
 negative weights clipped in every step, which kept 57 % of the old classes at step 2 instead of 25 %
 on 20 Tiny-ImageNet classes); --epochs, --warmup-epochs and --balance-epochs change them from here on.
+
+A learner of --method ranpac or simplecil (a frozen backbone) trains nothing: one pass over the new images and one solve (a ridge step took 2.2 to 3.8 s on a 2-core CPU where S&B + WA at 30 epochs took 41 to 45 s, 5 classes a task).
 """
 
 
