@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from sbcli.run.plots import NEW_COLOR, OLD_COLOR, available, pyplot, save_figure
+from sbcli.run.plots import NEW_COLOR, OLD_COLOR, available, figure, save_figure
 
 __all__ = ["accuracy_per_step", "available", "intra_old_new"]
 
@@ -37,15 +37,14 @@ def _subtitle(table: dict) -> str:
             f"{run['train']['epochs']} epoch{'' if run['train']['epochs'] == 1 else 's'}/phase · memory {run['memory']}")
 
 
-def _panels(plt, count: int, width: float, height: float):
-    fig, axes = plt.subplots(1, count, figsize=(width * count, height), squeeze=False)
-    return fig, list(axes[0])
+def _panels(count: int, width: float, height: float):
+    fig = figure(width * count, height)
+    return fig, list(fig.subplots(1, count, squeeze=False)[0])
 
 
 def accuracy_per_step(table: dict, path: Path) -> Path:
     """Draw accuracy after each step vs classes seen; returns ``path``."""
-    plt = pyplot()
-    fig, axes = _panels(plt, len(table["task_counts"]), 4.6, 4.0)
+    fig, axes = _panels(len(table["task_counts"]), 4.6, 4.0)
     for ax, tasks in zip(axes, table["task_counts"], strict=True):
         for row in table["methods"]:
             cell = row["cells"].get(str(tasks))
@@ -60,7 +59,7 @@ def accuracy_per_step(table: dict, path: Path) -> Path:
     axes[0].set_ylabel("top-1 accuracy over seen classes (%)")
     _legend(fig, axes)
     fig.suptitle("Accuracy after each step · " + _subtitle(table), fontsize=10)
-    return save_figure(plt, fig, path)
+    return save_figure(fig, path)
 
 
 def _ticks(table: dict, tasks: int) -> list[int]:
@@ -84,9 +83,8 @@ def _legend(fig, axes) -> None:
 
 def intra_old_new(table: dict, path: Path) -> Path:
     """Draw intra-old and intra-new accuracy (mean over steps 2..T) per method; returns ``path``."""
-    plt = pyplot()
     rows = [r for r in table["methods"] if r["cells"]]
-    fig, axes = _panels(plt, len(table["task_counts"]), max(4.0, 0.75 * len(rows) + 1.2), 4.2)
+    fig, axes = _panels(len(table["task_counts"]), max(4.0, 0.75 * len(rows) + 1.2), 4.2)
     for ax, tasks in zip(axes, table["task_counts"], strict=True):
         present = [r for r in rows if str(tasks) in r["cells"]]
         for i, row in enumerate(present):
@@ -101,7 +99,7 @@ def intra_old_new(table: dict, path: Path) -> Path:
     axes[0].set_ylabel("accuracy within old / within new classes (%)")
     _legend(fig, axes)
     fig.suptitle("Intra-old and intra-new accuracy, mean over steps 2..T · " + _subtitle(table), fontsize=10)
-    return save_figure(plt, fig, path)
+    return save_figure(fig, path)
 
 
 def _bar(ax, x: float, value: float | None, color: str, label: str) -> None:

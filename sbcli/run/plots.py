@@ -2,8 +2,8 @@
 
 :func:`learner_accuracy`: accuracy, old and new accuracy after each step, and Split-and-Bridge's
 accuracy after phases B and C where the learner has them. The bench draws its figures with the same
-helpers (:mod:`sbcli.bench.figures`). matplotlib is imported inside the functions, with the
-non-interactive Agg backend.
+helpers (:mod:`sbcli.bench.figures`). matplotlib is imported inside the functions; figures are
+drawn without pyplot, so the process's own backend (a notebook's) is never switched.
 """
 
 from __future__ import annotations
@@ -24,19 +24,18 @@ def available() -> bool:
     return importlib.util.find_spec("matplotlib") is not None
 
 
-def pyplot():
-    import matplotlib
+def figure(width: float, height: float):
+    """A matplotlib ``Figure`` of its own, drawn by Agg when it is saved. No pyplot: the process's backend
+    and pyplot's figure list stay as they were, so a notebook that calls the API keeps its own backend."""
+    from matplotlib.figure import Figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return Figure(figsize=(width, height))
 
 
 def learner_accuracy(history: list[StepRecord], path: Path, title: str) -> Path:
     """Draw one learner's accuracy, old and new accuracy (and S&B's ablation) per step; returns ``path``."""
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8.0, 4.2))
+    fig = figure(8.0, 4.2)
+    ax = fig.subplots()
     classes = [h.num_classes for h in history]
     lines = (("accuracy", "overall", {"color": "#222222", "marker": "o", "linewidth": 2.2}),
              ("old classes", "old", {"color": OLD_COLOR, "marker": "s", "linestyle": "--"}),
@@ -57,16 +56,15 @@ def learner_accuracy(history: list[StepRecord], path: Path, title: str) -> Path:
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)  # beside: no point hidden
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
-    return save_figure(plt, fig, path)
+    return save_figure(fig, path)
 
 
 def _value(value: float | None) -> float:
     return math.nan if value is None else value
 
 
-def save_figure(plt, fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
-    plt.close(fig)
     return path
