@@ -8,6 +8,7 @@ with the helpers here (``--keep``, saving).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import platform
 from collections.abc import Callable
 from pathlib import Path
@@ -55,6 +56,8 @@ from sbcli.run.steps import StepSummary, learn_step
 from sbcli.watch.watcher import WatcherLike, Watchers, watchers_of
 
 StepFn = Callable[[StepSummary], None]
+
+LOG = logging.getLogger(__name__)
 
 
 def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = False, keep: int | None = None,
@@ -264,10 +267,8 @@ def _weights_image_size(seq: SequenceOptions, weights: Any, timm_in: Any, resume
     if seq.image_size is None:
         return dataclasses.replace(seq, image_size=int(size))
     if seq.image_size != size and distributed.is_main_process():
-        import logging
-
         origin = record.get("repo") or record.get("name") or (timm_in.weights if timm_in is not None else None)
-        logging.getLogger(__name__).warning(
+        LOG.warning(
             "--image-size %d is not %d, the resolution the pretrained weights%s were trained at: the images are "
             "resized to %d as asked (drop --image-size to use %d).", seq.image_size, size,
             f" ({origin})" if origin else "", seq.image_size, size)
