@@ -18,8 +18,15 @@ from sbcli.errors import ExportError
 from sbcli.learner.state import Learner
 from sbcli.methods import simplecil
 from sbcli.methods.rules.modules import prototype_module
-from sbcli.methods.simplecil import (PROTOTYPES_KEY, SCALE_KEY, SCALES, class_prototypes, fit_scale, held_out_cosines,
-                                    step_features)
+from sbcli.methods.simplecil import (
+    PROTOTYPES_KEY,
+    SCALE_KEY,
+    SCALES,
+    class_prototypes,
+    fit_scale,
+    held_out_cosines,
+    step_features,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 SIZE = 16

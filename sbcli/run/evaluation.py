@@ -5,29 +5,58 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from sbcli.data.catalog import open_spec, relabel, resolve_spec
 from sbcli.data.imageset import ImageSet
-from sbcli.engine.device import resolve_device
+from sbcli.engine.device import exact_float32, resolve_device
+from sbcli.engine.feature_cache import FeatureCache
 from sbcli.engine.loop import Engine
 from sbcli.errors import DataError
 from sbcli.learner.state import Learner
+from sbcli.methods import METHODS
 from sbcli.methods.inference import scoring_module
+from sbcli.methods.rules.modules import FeatureScores
 from sbcli.metrics import StepMetrics, history_summary, step_metrics
 from sbcli.run import evalsets
 
 
-def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet, *, network: bool = False) -> StepMetrics:
+def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet, *, network: bool = False,
+                     cache: FeatureCache | None = None) -> StepMetrics:
     """Metrics of the learner's current model on ``test`` (labels in the learner's order).
 
     Under the learner's inference rule, or with ``network`` under the network's own output (its
-    logits, whatever the rule: what iCaRL's nearest mean or BiC's correction start from).
+    logits, whatever the rule: what iCaRL's nearest mean or BiC's correction start from). With
+    ``cache`` (a frozen backbone's learner, :func:`feature_cache_for`), a rule that scores pooled
+    features reads the features of images it has met before from the cache.
     """
     if len(test) == 0:
         nan = float("nan")
         return StepMetrics(nan, [nan] * (max(learner.state.class_task) + 1), nan, nan, nan, nan)
     rule = learner.state.method_config.inference
     model = learner.model if network else scoring_module(learner.model, learner.extra, rule)
-    return step_metrics(engine.logits(model, test.images), test.labels, learner.state.class_task)
+    if cache is not None and isinstance(model, FeatureScores) and not engine.dist.enabled:
+        scores = _scores_from_features(model, engine, test, cache)
+    else:
+        scores = engine.logits(model, test.images)
+    return step_metrics(scores, test.labels, learner.state.class_task)
+
+
+def feature_cache_for(method: str) -> FeatureCache | None:
+    """The feature cache for a learner of ``method``: only a backbone that never changes after step 1 has
+    features worth keeping."""
+    return FeatureCache.default() if METHODS.get(method).frozen_backbone else None
+
+
+@torch.no_grad()
+def _scores_from_features(module: FeatureScores, engine: Engine, test: ImageSet, cache: FeatureCache) -> torch.Tensor:
+    """The rule's scores of ``test`` from pooled features, cached per class (:mod:`sbcli.engine.feature_cache`)."""
+    context = {"norm": engine.norm.to_json(), "device": engine.device.type}
+    features = cache.features(module.model, test.images, test.labels, context,
+                              lambda images: engine.features(module.model, images))
+    with exact_float32(engine.device):
+        return torch.cat([module.score_features(part.to(engine.device)).float().cpu()
+                          for part in features.split(engine.cfg.eval_batch_size)])
 
 
 def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto", step: int | None = None,
@@ -49,7 +78,7 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
         chosen = evalsets.test_data(learner, data_roots, required=learner_dir)
         test, used = chosen.test, chosen.to_json()
     engine = Engine(state.train_config, dev, learner.norm, state.seed)
-    metrics = evaluate_learner(learner, engine, test)
+    metrics = evaluate_learner(learner, engine, test, cache=feature_cache_for(state.method))
     return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
             "test_images": len(test), "test_data": used, "metrics": metrics.to_json(), "history": state.history,
             "accuracy_matrix": [h.metrics.per_task for h in state.history],

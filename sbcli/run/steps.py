@@ -26,7 +26,7 @@ from sbcli.methods.inference import outside_network, refresh_state
 from sbcli.methods.rules import RULES
 from sbcli.metrics import StepMetrics
 from sbcli.nets import create_model
-from sbcli.run.evaluation import evaluate_learner
+from sbcli.run.evaluation import evaluate_learner, feature_cache_for
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ def _settle(learner: Learner, engine: Engine, result: TaskResult, train: ImageSe
         result.record["wa_factor"] = weight_align(learner.model, num_old)
     if balanced or align_last:
         learner.extra.update(refresh_state(cfg, learner.model, *memory.tensors(), features))
-    metrics = evaluate_learner(learner, engine, test)
+    metrics = evaluate_learner(learner, engine, test, cache=feature_cache_for(learner.state.method))
     return metrics, evaluate_learner(learner, engine, test, network=True) if measure_network else None
 
 

@@ -70,7 +70,7 @@ def test_the_report_keeps_each_grow_data_apart(tmp_path: Path):
     def run(method: str, seed: int, overall: list[float], grow: str | None) -> dict:
         row = {"method": method, "seed": seed, "overall": overall, "add_task_s": [1.0] * (len(overall) - 1),
                "summary": {"avg_incremental_1_to_T": sum(overall) / len(overall), "last": overall[-1]}}
-        return row if grow is None else {**row, "grow": grow}
+        return row if grow is None else {**row, "grow": grow, "step_s": [0.5 + seed] * (len(overall) - 1)}
 
     rows = [{"backbone_top1": 27.0}, run("ranpac", 0, [60.0, 40.0, 30.0], None),
             {"backbone_top1": 27.0}, run("ranpac", 0, [90.0, 80.0], "cifar10-jpeg.zip"),
@@ -81,5 +81,5 @@ def test_the_report_keeps_each_grow_data_apart(tmp_path: Path):
                          check=True, capture_output=True, text=True, timeout=60).stdout
     assert out.count("Backbone: top-1 27.0 %") == 1
     tiny, cifar = out.split("Grown on cifar10-jpeg.zip in 2 tasks:")
-    assert "Grown on tiny-imagenet-100-32px.zip in 3 tasks:" in tiny and "| ranpac | 1 | 43.3 | 30.0 |" in tiny
-    assert "| ranpac | 2 | 75.0 (65.0-85.0) | 70.0 (60.0-80.0) |" in cifar
+    assert "Grown on tiny-imagenet-100-32px.zip in 3 tasks:" in tiny and "| ranpac | 1 | 43.3 | 30.0 | 1.0 | - |" in tiny
+    assert "| ranpac | 2 | 75.0 (65.0-85.0) | 70.0 (60.0-80.0) | 1.0 (1.0-1.0) | 1.0 (0.5-1.5) |" in cifar

@@ -15,7 +15,22 @@ from sbcli.errors import ExportError
 from sbcli.nets.resnet import IncrementalResNet
 
 
-class NearestMeanScores(nn.Module):
+class FeatureScores(nn.Module):
+    """A rule's scores as a head on the network's pooled features: ``forward`` is
+    ``score_features(model.forward_features(x))``, so that features computed once (a frozen backbone's,
+    :mod:`sbcli.engine.feature_cache`) can be scored without the network."""
+
+    model: IncrementalResNet
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.score_features(self.model.forward_features(x).float())
+
+    def score_features(self, features: torch.Tensor) -> torch.Tensor:
+        """Scores [B, C_seen] of pooled features [B, D] (float32)."""
+        raise NotImplementedError
+
+
+class NearestMeanScores(FeatureScores):
     """iCaRL's nearest-mean-of-exemplars rule: scores = -||f / ||f|| - mu_c||^2 for each class c."""
 
     def __init__(self, model: IncrementalResNet, class_means: torch.Tensor) -> None:
@@ -23,8 +38,8 @@ class NearestMeanScores(nn.Module):
         self.model = model
         self.register_buffer("means", class_means.detach().float().to(next(model.parameters()).device))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = nn.functional.normalize(self.model.forward_features(x).float(), dim=1)
+    def score_features(self, features: torch.Tensor) -> torch.Tensor:
+        f = nn.functional.normalize(features, dim=1)
         # ||f - mu||^2 expanded into matrix products: no [B, C, D] intermediate, exports to plain MatMul
         sq = (f * f).sum(1, keepdim=True) - 2.0 * f @ self.means.t() + (self.means * self.means).sum(1)[None]
         return -sq
@@ -53,7 +68,7 @@ def stored_per_class(model: IncrementalResNet, extra: dict[str, torch.Tensor], k
     return value
 
 
-class PrototypeScores(nn.Module):
+class PrototypeScores(FeatureScores):
     """SimpleCIL's rule: ``scale`` times the cosine similarity of the features to every class prototype, as one
     linear layer.
 
@@ -71,8 +86,8 @@ class PrototypeScores(nn.Module):
             self.head.weight.copy_(weight)
         self.head.weight.requires_grad_(False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(nn.functional.normalize(self.model.forward_features(x).float(), dim=1))
+    def score_features(self, features: torch.Tensor) -> torch.Tensor:
+        return self.head(nn.functional.normalize(features, dim=1))
 
 
 def prototype_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], key: str, scale_key: str) -> nn.Module:
@@ -92,7 +107,7 @@ def prototype_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], k
     return PrototypeScores(model, protos, 1.0 if scale is None else float(scale))
 
 
-class RidgeScores(nn.Module):
+class RidgeScores(FeatureScores):
     """RanPAC's rule: the ridge head on the ReLU of randomly projected features (``--method ranpac``).
 
     As a graph: the backbone, one MatMul and a ReLU (without a projection, neither), one MatMul.
@@ -108,8 +123,8 @@ class RidgeScores(nn.Module):
             self.head.weight.copy_(head.detach().float())
         self.head.weight.requires_grad_(False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.model.forward_features(x).float()
+    def score_features(self, features: torch.Tensor) -> torch.Tensor:
+        h = features
         if self.projection is not None:
             h = torch.relu(h @ self.projection)
         return self.head(h)
