@@ -2,7 +2,7 @@
 
 Each run writes its own learner under ``--out`` and its log beside it. ``--sb`` is the command
 that runs sbcli (the code under test), e.g. ``"python -m sbcli"`` from a checkout or ``sb``.
-``--keep-env`` leaves OMP_WAIT_POLICY/KMP_BLOCKTIME/OMP_NUM_THREADS as they are in the caller's
+``--keep-env`` leaves OMP_WAIT_POLICY/KMP_BLOCKTIME/GOMP_SPINCOUNT/OMP_NUM_THREADS as they are in the caller's
 environment; by default they are removed so that sbcli's own choice is measured.
 
 Example::
@@ -21,7 +21,7 @@ import subprocess
 import time
 from pathlib import Path
 
-THREAD_VARS = ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SBCLI_THREADS")
+THREAD_VARS = ("OMP_WAIT_POLICY", "KMP_BLOCKTIME", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "SBCLI_THREADS")
 
 
 def _start(sb: list[str], out: Path, env: dict[str, str], extra: list[str]) -> tuple[subprocess.Popen, float]:

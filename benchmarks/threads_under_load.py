@@ -7,7 +7,9 @@ beside the benchmark, e.g. 0 and one per core) and each setting, a fresh Python 
 training steps of ``create_model("resnet32")`` for ``--seconds`` and prints images/s. Settings:
 
 * ``spin``: torch's default threads, OpenMP's default waiting (what sbcli did before);
-* ``passive``: the same threads with ``OMP_WAIT_POLICY=PASSIVE`` (what sbcli sets now);
+* ``passive``: the same threads with ``OMP_WAIT_POLICY=PASSIVE`` (what sbcli set until it spun briefly);
+* ``brief``: passive after a brief spin, ``GOMP_SPINCOUNT=10000`` as well (what ``sb`` sets now; GNU
+  OpenMP reads the count last, so it spins 10,000 iterations, a thirtieth of its default, then sleeps);
 * ``one``: one thread (``OMP_NUM_THREADS=1``).
 
 With ``--together 1,2`` each setting is also measured as two benchmark processes started at once
@@ -36,6 +38,7 @@ SETTINGS = {
     "spin": {},
     "passive": {"OMP_WAIT_POLICY": "PASSIVE"},
     "one": {"OMP_NUM_THREADS": "1"},
+    "brief": {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "10000"},
 }
 
 STEP = r"""
@@ -65,7 +68,8 @@ def _busy(count: int) -> list[subprocess.Popen]:
 
 def _measure(setting: str, seconds: float, batch: int, width: float, together: int = 1) -> tuple[float, int]:
     """Images/s of one process (the mean over ``together`` processes started at once) and its threads."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "KMP_BLOCKTIME")}
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "KMP_BLOCKTIME", "GOMP_SPINCOUNT")}
     env.update(SETTINGS[setting])
     procs = [subprocess.Popen([sys.executable, "-c", STEP, str(seconds), str(batch), str(width)], env=env,
                               stdout=subprocess.PIPE, text=True) for _ in range(together)]
@@ -78,7 +82,7 @@ def _measure(setting: str, seconds: float, batch: int, width: float, together: i
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--loads", default="0,2", help="busy-loop processes beside the benchmark, comma-separated")
-    parser.add_argument("--settings", default="spin,passive,one")
+    parser.add_argument("--settings", default="spin,passive,brief,one")
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--batch-size", type=int, default=64)

@@ -60,9 +60,10 @@ def version() -> None:
 
     import torch
 
-    wait = os.environ.get("OMP_WAIT_POLICY", "default")
+    wait = os.environ.get("OMP_WAIT_POLICY", "default").lower()
+    spin = os.environ.get("GOMP_SPINCOUNT")
     typer.echo(f"sbcli {__version__} torch {torch.__version__} ({torch.get_num_threads()} CPU threads, "
-               f"OpenMP waiting {wait.lower()})")
+               f"OpenMP waiting {wait}{f' after {spin} spins' if spin else ''})")
 
 
 def _log_to_stderr() -> None:
