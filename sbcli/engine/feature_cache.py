@@ -68,6 +68,7 @@ class FeatureCache:
         call of ``compute(images)`` and stored. ``context`` is JSON of what else the features depend on
         (normalisation, device type).
         """
+        labels = labels.cpu()
         prefix = json.dumps([FORMAT, backbone_fingerprint(model), context], sort_keys=True).encode()
         out = torch.empty(len(images), model.num_features)
         missing: list[tuple[torch.Tensor, str]] = []
@@ -81,9 +82,10 @@ class FeatureCache:
                 out[index] = cached
         if missing:
             computed = compute(images[torch.cat([index for index, _ in missing])]).float().cpu()
-            for (index, key), part in zip(missing, computed.split([len(i) for i, _ in missing]), strict=True):
+            parts = computed.split([len(i) for i, _ in missing])
+            for (index, _), part in zip(missing, parts, strict=True):
                 out[index] = part
-                self._put(key, part)
+            self._put_all([(key, part) for (_, key), part in zip(missing, parts, strict=True)])
         return out
 
     def _path(self, key: str) -> Path:
@@ -92,7 +94,7 @@ class FeatureCache:
     def _get(self, key: str, count: int, width: int) -> torch.Tensor | None:
         try:
             features = safetensors.torch.load_file(self._path(key)).get("features")
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # never written (or no cache folder there): a miss
             return None
         except (OSError, ValueError, safetensors.SafetensorError) as err:  # damaged: computed again, overwritten
             logger.warning("The feature cache entry %s is unreadable (%s); computing it again.", self._path(key), err)
@@ -102,11 +104,13 @@ class FeatureCache:
             return None
         return features
 
-    def _put(self, key: str, features: torch.Tensor) -> None:
+    def _put_all(self, entries: list[tuple[str, torch.Tensor]]) -> None:
+        """Store each entry; the first failure ends the writing with one warning."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            with replacing(self._path(key)) as tmp:
-                safetensors.torch.save_file({"features": features.contiguous()}, tmp)
+            for key, features in entries:
+                with replacing(self._path(key)) as tmp:
+                    safetensors.torch.save_file({"features": features.contiguous()}, tmp)
         except OSError as err:  # the cache only saves time: a read-only or full disk must not fail the step
             logger.warning("Could not write the feature cache in %s (%s); the features will be computed again "
                            "next time.", self.directory, err)
@@ -115,5 +119,5 @@ class FeatureCache:
 def _key(prefix: bytes, images: torch.Tensor) -> str:
     digest = hashlib.sha256(prefix)
     digest.update(f"{images.dtype}|{tuple(images.shape)}".encode())
-    digest.update(images.contiguous().numpy().tobytes())
+    digest.update(images.detach().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()
