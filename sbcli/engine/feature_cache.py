@@ -45,7 +45,7 @@ def backbone_fingerprint(model: nn.Module) -> str:
             continue
         t = tensor.detach().cpu().contiguous()
         digest.update(f"{name}|{t.dtype}|{tuple(t.shape)}".encode())
-        digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+        digest.update(memoryview(t.reshape(-1).view(torch.uint8).numpy()))  # the bytes, not a copy of them
     return digest.hexdigest()
 
 
@@ -119,5 +119,5 @@ class FeatureCache:
 def _key(prefix: bytes, images: torch.Tensor) -> str:
     digest = hashlib.sha256(prefix)
     digest.update(f"{images.dtype}|{tuple(images.shape)}".encode())
-    digest.update(images.detach().cpu().contiguous().numpy().tobytes())
+    digest.update(memoryview(images.detach().cpu().contiguous().numpy()).cast("B"))
     return digest.hexdigest()

@@ -23,13 +23,12 @@ from collections.abc import MutableMapping
 # libomp); KMP_BLOCKTIME=0 is the same request to Intel's runtime, for builds that use it.
 PASSIVE_WAITING = {"OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
 # GNU OpenMP spins this many iterations before it sleeps, whatever the policy says (libgomp reads it last)
-BRIEF_SPIN = {"GOMP_SPINCOUNT": "10000"}
+SPIN_COUNT = "10000"
 
 
 def prepare(environ: MutableMapping[str, str] = os.environ) -> None:
     """Before torch loads: waiting compute threads spin briefly, then sleep (unless the user said otherwise)."""
     if "OMP_WAIT_POLICY" not in environ:  # a policy the user chose is theirs whole: no spin count overrides it
-        for key, value in BRIEF_SPIN.items():
-            environ.setdefault(key, value)
+        environ.setdefault("GOMP_SPINCOUNT", SPIN_COUNT)
     for key, value in PASSIVE_WAITING.items():
         environ.setdefault(key, value)
