@@ -77,12 +77,20 @@ def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private:
 
 def pull(ref: str, out: Path | None = None, *, index: Path | None = None, offline: bool = False,
          timeout: float = 10.0, token: str | None = None, endpoint: str | None = None) -> Any:
-    """Fetch a zoo entry or ``OWNER/NAME[@REVISION]`` into ``out``, verified; returns a PullReport."""
+    """Fetch a zoo entry or ``OWNER/NAME[@REVISION]`` into ``out``, verified; returns a PullReport. A backbone
+    entry becomes a learner with no classes yet (:func:`sbcli.run.start.pull_backbone`)."""
     from sbcli.hub.client import HubConfig
+    from sbcli.hub.pull import backbone_entry, default_target, parse_ref
     from sbcli.hub.pull import pull as pull_learner
 
-    return pull_learner(ref, out, index=index, cfg=HubConfig(endpoint=endpoint, token=token, timeout=timeout,
-                                                             offline=offline))
+    cfg = HubConfig(endpoint=endpoint, token=token, timeout=timeout, offline=offline)
+    backbone = backbone_entry(ref, index)
+    if backbone is None:
+        return pull_learner(ref, out, index=index, cfg=cfg)
+    from sbcli.run.start import pull_backbone  # pretrained weights made into a learner with no classes yet
+
+    parsed = parse_ref(ref)
+    return pull_backbone(*backbone, parsed.revision, Path(out) if out is not None else default_target(parsed), cfg)
 
 
 def zoo(index: Path | None = None) -> list[Any]:

@@ -19,6 +19,10 @@ EPILOG = """Examples:
 
   sb pull demo-sb-tiny -o my-learner               # bundled: works offline
 
+  sb pull resnet50-in1k-ridge -o mine               # a backbone with no classes yet: then
+
+  sb add-task mine photos/train --test photos/test  # learns yours in one pass
+
   sb pull user/my-learner@step-2 -o step2           # a Hub repository at a task step
 """
 
@@ -33,13 +37,16 @@ def zoo_table(entries: list[dict]):
                          box=box.SIMPLE_HEAD)
     for col in ("name", "where", "dataset", "model", "classes", "last %"):
         table.add_column(col, justify="right" if col in ("classes", "last %") else "left",
-                         no_wrap=col in ("name", "where", "dataset"))
+                         no_wrap=col == "name", overflow="fold", min_width=len("unpublished") if col == "where" else None)
     for e in entries:
         # a bundled entry's path inside sbcli is an install detail (it is in --json)
-        where = "bundled" if e["kind"] == "bundled" else e["location"] + (f"@{e['revision']}" if e["revision"] else "")
+        # the kind of place; a Hub repository with the first 12 hex digits of its commit (the whole of both in --json)
+        where = e["kind"] if e["kind"] != "hub" else f"{e['location'].removeprefix('hub:')}@{e['revision'][:12]}"
         dataset = e["dataset"].split(":")[0].split(" (")[0]
-        table.add_row(e["name"], where, dataset, f"{e['method']} + {e['inference']}, {e['network']}",
-                      f"{e['classes']} in {len(e['tasks'])} tasks", render.fmt(e["metrics"].get("last")))
+        classes = "none yet" if e["holds"] == "backbone" else f"{e['classes']} in {len(e['tasks'])} tasks"
+        network = "the backbone" if e["holds"] == "backbone" else e["network"]  # a backbone's is where it lives
+        table.add_row(e["name"], where, dataset, f"{e['method']} + {e['inference']}, {network}", classes,
+                      render.fmt(e["metrics"].get("last")))
     return table
 
 
@@ -55,7 +62,8 @@ def pull(
     quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Download a pretrained learner (zoo name or Hub repository) and print where it is."""
+    """Download a pretrained learner (zoo name or Hub repository) and print where it is. A backbone entry of the zoo
+    becomes a learner with no classes yet, which `sb add-task` grows from your first folder."""
     from sbcli import api
     from sbcli.cli import render
 
@@ -80,8 +88,9 @@ def pull(
         render.ERR.print(f"Pulled {report.origin}{cache}: {checked}.", highlight=False, soft_wrap=True)
         for note in report.notes:
             render.ERR.print(f"Note: {note}.", highlight=False, soft_wrap=True)
-        render.ERR.print(f"Continue with: sb evaluate {report.path}  |  sb add-task {report.path} FOLDER --test FOLDER",
-                         highlight=False, soft_wrap=True)
+        grow = f"sb add-task {report.path} FOLDER --test FOLDER"
+        then = grow if report.contents.get("classes") == 0 else f"sb evaluate {report.path}  |  {grow}"  # none yet: grow it
+        render.ERR.print(f"Continue with: {then}", highlight=False, soft_wrap=True)
         typer.echo(str(report.path))
 
     render.Output(json_out).result(report.to_json(), show)

@@ -266,6 +266,16 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
     return seq, run, None if o.get("out") is None else Path(o["out"])
 
 
+OWN_FOLDER = "FOLDER"  # a folder of one's own, not yet given: what `sb add-task` will bring
+
+
+def own_data_options(recipe: str) -> tuple[SequenceOptions, RunOptions]:
+    """The settings `sb train FOLDER --recipe RECIPE` takes for a folder of one's own, before any folder is known
+    (a learner with no classes yet, which `sb add-task` grows from folders: :mod:`sbcli.run.start`)."""
+    seq, run, _ = build_options({"recipe": recipe, "source": OWN_FOLDER})
+    return seq, run
+
+
 def _fractions(value: Any) -> tuple[float, ...]:
     """``--milestones 0.3,0.6,0.8`` (or a recipe's list) as fractions of a phase's epochs."""
     parts = value.split(",") if isinstance(value, str) else list(value)

@@ -147,7 +147,9 @@ def serving_model(learner: Learner) -> ServingModel:
 
     Raises:
         ExportError: the learner's inference rule has no single-module form.
+        LearnerError: the learner has no classes yet (nothing to score).
     """
+    learner.state.require_classes("export or serve")
     model = learner.model.cpu().eval()
     extra = {k: v.cpu() for k, v in learner.extra.items()}
     scorer = scoring_module(model, extra, inference_rule(learner))
@@ -264,6 +266,7 @@ def export_onnx(learner: Learner, out: Path, cfg: OnnxConfig = OnnxConfig()) -> 
     Raises:
         ExportError: the ONNX packages are missing, the inference rule cannot be exported, or the
             exported model disagrees with PyTorch (then nothing is left at ``out``).
+        LearnerError: the learner has no classes yet.
     """
     _require_onnx()
     import onnx

@@ -160,6 +160,7 @@ def export_int8(learner: Learner, out: Path, cfg: Int8Config | None = None, onnx
         ExportError: no images to calibrate on, the float export fails its check, or the int8 model
             agrees with the float one on less than ``cfg.min_agreement`` (nothing is written).
     """
+    learner.state.require_classes("export")
     cfg, onnx_cfg = cfg or Int8Config(), onnx_cfg or OnnxConfig()
     if onnx_cfg.half:
         raise ConfigError("--int8 and --half are two ways to shrink the model; choose one.")

@@ -52,6 +52,7 @@ class PretrainedWeights:
     tensors: dict[str, torch.Tensor]
     record: dict[str, Any]
     normalization: dict | None = None  # an sbcli learner's own (None: the ImageNet statistics pretrained weights expect)
+    from_cache: bool = False  # read from the local Hub cache because the Hub did not answer (or offline)
 
 
 def map_timm_keys(name: str) -> str | None:
@@ -89,11 +90,12 @@ def load(ref: str, arch: str, width: float, *, sha256: str | None = None, hub_cf
             evict_cached(path.parent, [SAFETENSORS])
         raise ConfigError(f"{_origin(record)} has SHA-256 {digest}, not the {sha256} that --pretrained-sha256 asks "
                           "for (corrupted, tampered with or another revision); nothing was trained.")
-    record = {k: v for k, v in record.items() if k != "cached"} | {"sha256": digest, "arch": arch}
+    from_cache = bool(record.get("from_cache"))
+    record = {k: v for k, v in record.items() if k not in ("cached", "from_cache")} | {"sha256": digest, "arch": arch}
     tensors = _read_safetensors(path, _origin(record))
     matched = _match(tensors, arch, width, _origin(record))
     size = weights_input_size(record, arch, imagenet_names=any(_LAYER.match(k) for k in tensors))
-    return PretrainedWeights(matched, record if size is None else record | {"input_size": size})
+    return PretrainedWeights(matched, record if size is None else record | {"input_size": size}, from_cache=from_cache)
 
 
 def weights_input_size(record: dict[str, Any], arch: str, *, imagenet_names: bool) -> int | None:
@@ -201,7 +203,7 @@ def _from_hub(ref: str, hub_cfg: Any) -> tuple[Path, dict[str, Any]]:
     fill = f"fetch it once while online (`hf download {repo} {SAFETENSORS} --revision {revision}`, or this command)"
     snap = fetch(repo, revision, cfg, [SAFETENSORS], fill=fill)
     record = {"source": "hub", "repo": repo, "revision": revision, "commit": snap.commit, "file": SAFETENSORS,
-              "cached": True}
+              "cached": True, "from_cache": snap.from_cache}
     return snap.folder / SAFETENSORS, record
 
 

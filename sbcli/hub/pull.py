@@ -149,7 +149,7 @@ def install(source: Source, target: Path) -> tuple[list[str], dict[str, Any]]:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise LearnerError(f"{target} already exists; pull into another directory with -o, or remove it first.")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.pull-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = staging_folder(target)
     tmp.mkdir()  # mode from the umask (mkdtemp would make the pulled learner 0700)
     try:
         copy_files(source.folder, source.files, tmp)
@@ -159,14 +159,19 @@ def install(source: Source, target: Path) -> tuple[list[str], dict[str, Any]]:
                 evict_cached(source.folder, bad)
             raise ExportError(hash_error(bad, source.origin))
         inside = _check_learner(tmp, source.origin, bool(source.expected))
-        _move_into_place(tmp, target)
+        move_into_place(tmp, target)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp)
     return sorted(source.expected), inside
 
 
-def _move_into_place(tmp: Path, target: Path) -> None:
+def staging_folder(target: Path) -> Path:
+    """The path of a new hidden folder beside ``target``, where a pull assembles what it installs."""
+    return target.parent / f".{target.name}.pull-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def move_into_place(tmp: Path, target: Path) -> None:
     """One rename; a target that another process filled meanwhile is refused, not merged."""
     try:
         if target.exists():
@@ -232,6 +237,17 @@ def content_notes(inside: dict[str, Any]) -> list[str]:
         notes.append(f"it carries {inside['test_images']} held-out test images, so `sb evaluate` works without "
                      "its original test folders")
     return notes
+
+
+def backbone_entry(ref: str, index: Path | None = None) -> tuple[ZooEntry, ZooIndex] | None:
+    """The zoo's backbone entry that ``ref`` names (``NAME[@REVISION]``), with its index; None for anything else
+    (a learner entry, a Hub repository): :func:`sbcli.run.start.pull_backbone` makes a learner of it."""
+    parsed = parse_ref(ref)
+    if parsed.is_repo:
+        return None
+    zoo_index = load_index(index)
+    entry = zoo_index.get(parsed.name)
+    return (entry, zoo_index) if entry.holds == "backbone" else None
 
 
 def pull(ref: str, out: Path | None = None, *, index: Path | None = None, cfg: HubConfig | None = None) -> PullReport:

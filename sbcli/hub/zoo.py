@@ -9,6 +9,11 @@ measured. Where it lives is one of:
 * ``hub:OWNER/NAME`` with a ``revision``: a Hugging Face Hub repository;
 * ``unpublished``: not published anywhere; ``build`` is the command that makes it from its recipe.
 
+What it holds (``holds``) is a learner (the default) or a ``backbone``: pretrained weights on the Hub
+(``model.safetensors`` of a repository such as ``timm/resnet50.a1_in1k``), pinned to a revision and a
+SHA-256, which ``sb pull`` makes into a learner with no classes yet (:mod:`sbcli.run.start`): its
+recipe names the method and settings, ``sb add-task`` learns the user's first classes.
+
 An entry never claims a location it does not have: the tests check every bundled entry's files
 and hashes, and an unpublished entry has no files.
 
@@ -32,6 +37,8 @@ INDEX_FILE = "index.toml"
 INDEX_FORMAT = 1
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
 KINDS = ("bundled", "hub", "unpublished")
+HOLDS = ("learner", "backbone")
+BACKBONE_FILE = "model.safetensors"  # what a backbone entry's repository holds (sbcli.hub.pretrained.SAFETENSORS)
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ class ZooEntry:
     revision: str | None = None
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256 hex
     metrics: dict[str, Any] = field(default_factory=dict)
+    holds: str = "learner"  # or "backbone": weights that `sb pull` makes into a learner with no classes yet
 
     @property
     def kind(self) -> str:
@@ -72,7 +80,7 @@ class ZooEntry:
                 "location": self.location, "revision": self.revision, "classes": self.num_classes,
                 "tasks": self.tasks, "method": self.method, "inference": self.inference, "network": self.network,
                 "image_size": self.image_size, "recipe": self.recipe, "build": self.build,
-                "class_order": self.class_order, "files": self.files, "metrics": self.metrics}
+                "class_order": self.class_order, "files": self.files, "metrics": self.metrics, "holds": self.holds}
 
 
 @dataclass(frozen=True)
@@ -144,6 +152,11 @@ def _entry_problem(entry: ZooEntry) -> str:
     """Why an entry is inconsistent, or "" when it is fine."""
     if entry.kind not in KINDS:
         return f"has location '{entry.location}'; use bundled:PATH, hub:OWNER/NAME or unpublished"
+    if entry.holds not in HOLDS:
+        return f"holds '{entry.holds}'; use {' or '.join(HOLDS)}"
+    if entry.holds == "backbone" and (entry.kind != "hub" or set(entry.files) != {BACKBONE_FILE} or entry.tasks):
+        return (f"holds a backbone, which must be on the Hub at a revision with the SHA-256 of its {BACKBONE_FILE} "
+                "alone, and no tasks")
     if entry.kind == "unpublished" and (entry.files or entry.revision or entry.target):
         return "is unpublished but lists files, a revision or a target"
     if entry.kind == "hub" and not entry.revision:

@@ -112,6 +112,17 @@ class LearnerState:
     def steps(self) -> int:
         return len(self.history)
 
+    def require_classes(self, doing: str) -> None:
+        """Refuse ``doing`` (evaluate, export, push) on a learner with no classes yet: one pulled as a backbone
+        (``sb pull`` of a backbone entry) or rolled back to step 0.
+
+        Raises:
+            LearnerError: the learner has no classes.
+        """
+        if not self.class_names:
+            raise LearnerError(f"This learner has no classes yet (a backbone waiting for its first task), so there is "
+                               f"nothing to {doing}; add its first classes with `sb add-task LEARNER FOLDER`.")
+
 
 @dataclass
 class Learner:

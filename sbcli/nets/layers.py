@@ -35,6 +35,10 @@ class MaskedLinear(nn.Linear):
         super().__init__(in_features, out_features, bias=True)
         self.register_buffer("mask", None, persistent=False)
 
+    def reset_parameters(self) -> None:
+        if self.out_features:  # a head of no classes yet (a learner waiting for its first task) has nothing to draw
+            super().reset_parameters()
+
     def set_mask(self, mask: torch.Tensor | None) -> None:
         self.mask = None if mask is None else mask.to(self.weight.device, self.weight.dtype)
 

@@ -27,7 +27,7 @@ from sbcli.engine.loop import Engine
 from sbcli.errors import ConfigError, DataError, LearnerError
 from sbcli.learner import preflight, validate
 from sbcli.learner.records import TaskRecord
-from sbcli.learner.state import Learner
+from sbcli.learner.state import Learner, LearnerState
 from sbcli.learner.store.lock import writer_lock
 from sbcli.methods import METHODS
 from sbcli.methods.base import balance_epochs
@@ -83,8 +83,7 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
         names = state.class_names + new
         train_set = relabel(opened.train, names, new)  # labels in the learner's order
         new_test = relabel(opened.test, names, new) if opened.test else empty_like(train_set)
-        trains = METHODS.get(state.method).plan(state.method_config, state.train_config.epochs, state.num_classes,
-                                                state.num_classes + len(new)) > 0  # a frozen backbone's later steps do not
+        trains = _trains(state, len(new))
         start = banner.banner(len(new), len(opened.train), len(opened.test) if opened.test is not None else 0,
                               state.image_size, banner.folder_sizes(Path(spec["path"])), f"{state.arch}, width x{state.width:g}",
                               state.train_config, dev, trains=trains, options=logged, epochs_before=before)
@@ -132,6 +131,14 @@ def _check(learner: Learner, where: Path, opts: AddTaskOptions, warmup_epochs: f
         changes["balance_epochs"] = balance_epochs(state.method, state.method_config, opts.balance_epochs, asked=True)
     validate.check_settings({"train_config": {**dataclasses.asdict(state.train_config), **changes}})
     state.train_config = dataclasses.replace(state.train_config, **changes)
+
+
+def _trains(state: LearnerState, new: int) -> bool:
+    """Whether this step trains: a frozen backbone's later steps do not (nor its first, unless it adapts)."""
+    spec, epochs = METHODS.get(state.method), state.train_config.epochs
+    if state.steps == 0:  # a learner with no classes yet: its first task
+        return spec.first_plan(state.method_config, epochs) > 0
+    return spec.plan(state.method_config, epochs, state.num_classes, state.num_classes + new) > 0
 
 
 def _published_notes(learner_dir: Path, before: list[str], step: int) -> list[str]:

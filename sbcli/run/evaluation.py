@@ -66,6 +66,7 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev, step)
     state = learner.state
+    state.require_classes("evaluate")
     if folder is not None:
         spec = resolve_spec(str(folder), test=None, image_size=state.image_size, data_root=None, download=False)
         images = open_spec(spec, train=True, test=False).train

@@ -74,7 +74,7 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
     check_dataset_name(seq.dataset_name)
     _check_folder_source(seq)
     if distributed.is_main_process():  # rank 0 alone writes: another rank would see its lock file (or add a probe)
-        _check_out(out, resume)
+        check_out(out, resume)
         preflight.check_writable(out)
     logged = {"sequence": dataclasses.asdict(seq), "run": dataclasses.asdict(run)}  # what logs record of the run
     main = distributed.is_main_process()
@@ -163,14 +163,14 @@ def _check_folder_source(seq: SequenceOptions) -> None:
         folder_classes.check_first_task(sequence_scenario(seq, len(names)).sizes)
 
 
-def _check_out(out: Path, resume: bool) -> None:
+def check_out(out: Path, resume: bool) -> None:
     legacy.recover(out)
     check_output_dir(out, option="--out", resume=resume)
     if resume and not (out / "learner.json").is_file():
         raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
 
 
-def _new_state(run: RunOptions, image_size: int, norm: dict, plan: dict, dataset: str) -> LearnerState:
+def new_state(run: RunOptions, image_size: int, norm: dict, plan: dict, dataset: str) -> LearnerState:
     cfg = build_config(run.method, run.method_options)
     return LearnerState(
         arch=run.arch, width=run.width, image_size=image_size, normalization=norm, method=run.method,
@@ -182,14 +182,8 @@ def _new_state(run: RunOptions, image_size: int, norm: dict, plan: dict, dataset
 
 def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.device, resume: bool, keep: int | None,
            watchers: Watchers, on_step: StepFn | None, logged: dict) -> Learner:
-    weights = None
     timm_in = timm_input(run.arch)  # --arch timm/NAME: its resolution, statistics and weights
-    asked_random = run.pretrained == RANDOM
-    if (run.pretrained or timm_in) and not resume and not asked_random:  # fetched and checked before any data is read
-        from sbcli.hub import pretrained
-
-        ref = run.pretrained or timm_in.weights
-        weights = pretrained.load(ref, run.arch, run.width, sha256=run.pretrained_sha256)
+    weights = None if resume else load_weights(run)  # fetched and checked before any data is read
     seq = _weights_image_size(seq, weights, timm_in, out if resume else None)
     spec = with_image_size(resolve_spec(seq.source, test=seq.test, image_size=seq.image_size, data_root=seq.data_root,
                                         download=seq.download), seq.image_size)
@@ -210,8 +204,8 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         if stored.get("scenario") != plan["scenario"] or not same_source(stored.get("source", {}), record):
             raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
     else:
-        state = _new_state(run, image_size, _normalization(opened, weights, timm_in).to_json(), plan, spec["kind"])
-        learner = _new_learner(state, run, scenario.sizes[0], weights, device)
+        state = new_state(run, image_size, normalization(opened, weights, timm_in).to_json(), plan, spec["kind"])
+        learner = new_learner(state, run, scenario.sizes[0], weights, device)
     ordered = [names[c] for c in scenario.order]
     watchers.on_start(banner.banner(
         len(scenario.order), len(opened.train), len(opened.test) if opened.test is not None else 0, image_size, sizes,
@@ -228,6 +222,19 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         if on_step and distributed.is_main_process():
             on_step(summary_)
     return learner
+
+
+def load_weights(run: RunOptions, hub_cfg: Any = None) -> Any:
+    """The pretrained backbone a new learner starts from (:class:`sbcli.hub.pretrained.PretrainedWeights`):
+    ``--pretrained``, else the weights timm names for ``--arch timm/NAME``; None without either, or with
+    ``--pretrained random``."""
+    timm_in = timm_input(run.arch)
+    if not (run.pretrained or timm_in) or run.pretrained == RANDOM:
+        return None
+    from sbcli.hub import pretrained
+
+    ref = run.pretrained or timm_in.weights
+    return pretrained.load(ref, run.arch, run.width, sha256=run.pretrained_sha256, hub_cfg=hub_cfg)
 
 
 def _check_same_weights(learner: Learner, run: RunOptions, out: Path) -> None:
@@ -275,7 +282,7 @@ def _weights_image_size(seq: SequenceOptions, weights: Any, timm_in: Any, resume
     return seq
 
 
-def _normalization(opened: Opened, weights: Any, timm_in: Any) -> Normalization:
+def normalization(opened: Opened, weights: Any, timm_in: Any) -> Normalization:
     """The statistics a new learner normalises with: a pretrained backbone's (ImageNet's, an sbcli learner's own,
     or timm's configuration), else the training images'."""
     if timm_in is not None:
@@ -287,7 +294,7 @@ def _normalization(opened: Opened, weights: Any, timm_in: Any) -> Normalization:
     return opened.norm or compute_normalization(opened.train.images)
 
 
-def _new_learner(state: LearnerState, run: RunOptions, first_classes: int, weights: Any, device: torch.device) -> Learner:
+def new_learner(state: LearnerState, run: RunOptions, first_classes: int, weights: Any, device: torch.device) -> Learner:
     """A learner's first network (its weights seeded by --seed alone, or the pretrained backbone) and empty memory;
     the provenance records which weights it grew from."""
     torch.manual_seed(run.seed)  # the initial weights depend on the seed alone, not on what ran before

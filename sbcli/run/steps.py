@@ -57,8 +57,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     teacher = frozen_copy(learner.model) if step > 0 else None
     state.class_names.extend(new_classes)
     state.class_task.extend([step] * len(new_classes))
-    if step > 0:
-        learner.model.expand_classes(len(new_classes))
+    learner.model.expand_classes(state.num_classes - learner.model.num_classes)  # a first head may already fit
     fraction = state.train_config.val_fraction  # --val-fraction: held out of new images and exemplars
     parts, held = selection.split([train.tensors(), learner.memory.tensors()], fraction, state.seed * 1000 + step)
     data = DeviceData.join(parts, engine.device)

@@ -136,8 +136,8 @@ def _state_fields() -> dict[str, Check]:
         "memory": object_of({"budget": whole(0, MAX_BUDGET), "selection": string(SELECTIONS), "seed": whole(-MAX_SEED, MAX_SEED)},
                           ("budget",), closed=True),
         "seed": whole(-MAX_SEED, MAX_SEED),
-        "class_names": list_of(string(max_len=1000), MAX_CLASSES, 1),
-        "class_task": list_of(whole(0, MAX_CLASSES), MAX_CLASSES, 1),
+        "class_names": list_of(string(max_len=1000), MAX_CLASSES),  # none yet: a backbone waiting for its first task
+        "class_task": list_of(whole(0, MAX_CLASSES), MAX_CLASSES),
         "tasks": list_of(object_of({"classes": list_of(string(max_len=1000), MAX_CLASSES, 1), "source": _source},
                                ("classes", "source")), MAX_CLASSES),
         "history": list_of(object_of({"step": whole(1, MAX_CLASSES), "num_classes": whole(0, MAX_CLASSES), "metrics": metrics,
