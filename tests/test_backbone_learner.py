@@ -138,6 +138,11 @@ def test_a_learner_with_no_classes_refuses_what_needs_classes_in_one_sentence(zo
         assert "Traceback" not in result.output and "sb add-task" in result.output
     with pytest.raises(LearnerError, match="no classes yet"):
         api.evaluate(out, device="cpu")
+    with pytest.raises(LearnerError, match="nothing to push"):
+        api.push(out, "me/empty")
+    import huggingface_hub as hf
+
+    assert not hf.HfApi().repo_exists("me/empty")  # refused before the repository was created
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
     assert not (tmp_path / "m.onnx").exists()
 

@@ -201,7 +201,7 @@ def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private:
 
     Raises:
         ConfigError: ``repo_id`` is not OWNER/NAME.
-        LearnerError: ``learner_dir`` is not a learner.
+        LearnerError: ``learner_dir`` is not a learner, or has no classes yet.
         ExportError: the repository holds another learner (``step-N`` or ``main`` with other
             classes), the ONNX check failed, or the Hub refused or did not answer.
     """
@@ -213,6 +213,7 @@ def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private:
     if is_offline(cfg):
         raise ExportError(f"Cannot push {repo_id}: HF_HUB_OFFLINE is set; unset it to reach the Hub.")
     state = read_state(Path(learner_dir))
+    state.require_classes("push")  # before the repository is created
     branch, message = f"step-{state.steps}", f"sbcli: learner after step {state.steps}"
     api = client(cfg)
     with hub_errors("push to", repo_id, cfg, api=api):
