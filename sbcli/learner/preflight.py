@@ -66,12 +66,9 @@ def _mib(n: int) -> str:
 
 def save_bytes(arch: str, width: float, num_classes: int, image_size: int, budget: int) -> int:
     """About how many bytes one save of such a learner writes (the network built on ``meta``: no allocation)."""
-    import torch
+    from sbcli.nets.meta import meta_model
 
-    from sbcli.nets import create_model
-
-    with torch.device("meta"):
-        weights = create_model(arch, num_classes, width).state_dict()
+    weights = meta_model(arch, num_classes, width).state_dict()
     model = sum(t.numel() * t.element_size() for t in weights.values())
     memory = budget * (3 * image_size * image_size + 8)
     return int((model + memory) * MARGIN) + FIXED_BYTES

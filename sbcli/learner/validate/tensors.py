@@ -148,10 +148,9 @@ def check_model_tensors(tensors: dict[str, torch.Tensor], state: Any, where: Pat
     Raises:
         LearnerError: a missing, unexpected, misshaped, non-float32 or non-finite tensor.
     """
-    from sbcli.nets import create_model
+    from sbcli.nets.meta import meta_model
 
-    with torch.device("meta"):
-        expected = create_model(state.arch, state.num_classes, state.width).state_dict()
+    expected = meta_model(state.arch, state.num_classes, state.width).state_dict()
     weights = {k: v for k, v in tensors.items() if not k.startswith(EXTRA_PREFIX)}
     missing, unexpected = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
     if missing or unexpected:
