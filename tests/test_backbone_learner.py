@@ -182,6 +182,12 @@ def test_rollback_to_step_0_gives_back_the_learner_with_no_classes(zoo, colours,
     assert learner.state.num_classes == 0 and learner.model.num_classes == 0 and GRAM not in learner.extra
     again = api.add_task(out, colours["t2"], colours["t2_test"], device="cpu")  # another first task
     assert again.step == 1 and Learner.load(out).state.class_names == ["blue", "yellow"]
+    assert kept_steps(out) == [0, 1]
+    pytest.importorskip("onnxruntime")
+    assert api.export_triton(out, tmp_path / "repo").versions == (1,)  # step 0 has no classes: no version
+    from sbcli.export.serving import kept_steps as served_steps
+
+    assert list(served_steps(out)) == [1]  # nor a version that `sb serve LEARNER` offers
 
 
 @pytest.mark.parametrize("entry", SHIPPED, ids=lambda e: e.name)

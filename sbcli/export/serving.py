@@ -85,7 +85,8 @@ def learner_onnx(learner_dir: Path) -> Path:
 
 
 def kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
-    """The kept steps of a learner that are not past its current step (a rollback leaves later ones), with their files."""
+    """The kept steps of a learner that have classes and are not past its current step (a rollback leaves later ones),
+    with their files."""
     return {int(n): files for n, files in _in_child("steps", str(learner_dir)).items()}
 
 
@@ -135,11 +136,12 @@ def _learner_onnx(learner_dir: Path) -> Path:
 
 
 def _kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
-    """The kept steps of a learner that are not past its current step (a rollback leaves later ones), with their files."""
+    """The kept steps of a learner that are not past its current step (a rollback leaves later ones), with their files;
+    not step 0 of a learner pulled as a backbone (no classes to score)."""
     from sbcli.learner.state import open_stored
 
     stored = open_stored(learner_dir)
-    return {n: files for n, files in stored.kept.items() if n <= stored.current}
+    return {n: files for n, files in stored.kept.items() if 1 <= n <= stored.current}
 
 
 def _step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
