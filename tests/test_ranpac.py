@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from sbcli import api
 from sbcli.cli.app import app
 from sbcli.engine.loop import TrainConfig
-from sbcli.errors import ConfigError
+from sbcli.errors import ConfigError, LearnerError
 from sbcli.learner.state import Learner
 from sbcli.methods import ranpac
 
@@ -66,6 +66,26 @@ def test_the_coarse_to_fine_search_finds_the_best_ridge_of_the_whole_grid(seed):
     assert ranpac.choose_ridge(gram, targets, h[held], y[held]) == ranpac.RIDGE_GRID[everywhere.index(min(everywhere))]
 
 
+def test_g_is_kept_as_its_lower_triangle_and_grows_the_same_as_the_whole_matrix():
+    """A step's file holds half of G; a learner saved with the whole of G (before it was packed) grows to the same bits."""
+    torch.manual_seed(0)
+    cfg = ranpac.Config(projection=64)
+    first = ranpac.RidgeState.start(16, cfg, seed=0)
+    first, _, _ = ranpac.fit_step(first, torch.randn(40, 16), torch.arange(40) % 2, 2, None, seed=1)
+    packed = ranpac.pack_gram(first.gram)
+    assert packed.shape == (64 * 65 // 2,) and torch.equal(ranpac.unpack_gram(packed, 64), first.gram)
+    features, labels = torch.randn(30, 16), 2 + torch.arange(30) % 2
+    grown = []
+    for gram in (packed, first.gram):  # as saved now, as saved before
+        extra = {ranpac.GRAM: gram, ranpac.TARGETS: first.targets, ranpac.PROJECTION_KEY: first.projection}
+        state = ranpac.RidgeState.stored(extra, 2)
+        grown.append(ranpac.fit_step(state, features, labels, 4, None, seed=2))
+    (a, head_a, chosen_a), (b, head_b, chosen_b) = grown
+    assert torch.equal(head_a, head_b) and torch.equal(a.gram, b.gram) and chosen_a == chosen_b
+    with pytest.raises(LearnerError, match="do not fit"):
+        ranpac.RidgeState.stored({ranpac.GRAM: packed[:-1], ranpac.TARGETS: first.targets}, 2)
+
+
 def test_a_bad_config_is_one_sentence():
     for kw, words in (({"projection": -1}, "--projection"), ({"ridge": 0.0}, "--ridge"),
                       ({"inference": "wa"}, "--inference wa")):
@@ -107,6 +127,7 @@ def test_add_task_trains_nothing_and_keeps_backbone_and_projection(grown, one_ta
     assert all(h.phases == [] for h in history) and history[-1].network_metrics is None
     assert learner.extra[ranpac.PROJECTION_KEY].shape == (learner.model.num_features, 128)
     assert learner.extra[ranpac.GRAM].dtype == torch.float64 and learner.extra[ranpac.TARGETS].shape == (128, 4)
+    assert learner.extra[ranpac.GRAM].shape == (128 * 129 // 2,)  # G's lower triangle
     assert history[-1].metrics.overall > 50  # 4 colours, chance 25 %
 
 

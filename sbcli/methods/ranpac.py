@@ -17,7 +17,7 @@ held-back images (lowest negative log-likelihood), so that the probabilities a u
 nearly uniform.
 
 The learner keeps ``ranpac.projection`` [D, M] (float32; drawn once from ``--seed``), ``ranpac.gram``
-(G) and ``ranpac.targets`` (Q) in float64, and ``ranpac.head`` [C, M] (float32, the temperature folded
+(G, its lower triangle: :func:`pack_gram`) and ``ranpac.targets`` (Q) in float64, and ``ranpac.head`` [C, M] (float32, the temperature folded
 in): the ``ridge`` scoring module of :mod:`sbcli.methods.inference` is the backbone, one MatMul, a ReLU
 and one MatMul, which is what ``sb evaluate``, ``sb predict``, ``sb serve`` and the ONNX export compute.
 """
@@ -182,10 +182,10 @@ class RidgeState:
             LearnerError: the learner's ridge tensors are missing or do not fit each other.
         """
         gram, targets = extra.get(GRAM), extra.get(TARGETS)
-        if gram is None or targets is None or targets.shape[1] != num_old or gram.shape[0] != targets.shape[0]:
+        if gram is None or targets is None or targets.shape[1] != num_old or not _fits(gram, targets.shape[0]):
             raise LearnerError(f"The learner knows {num_old} classes but its ridge head's sums do not fit them; "
                                "it is damaged or was not trained with --method ranpac.")
-        return cls(extra.get(PROJECTION_KEY), gram, targets)
+        return cls(extra.get(PROJECTION_KEY), unpack_gram(gram, targets.shape[0]), targets)
 
     def grown(self, classes: int) -> RidgeState:
         """Q with zero columns for the new classes (no image of them yet)."""
@@ -219,6 +219,31 @@ def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, cl
                                                               "held_back": int(held.sum())}
 
 
+def pack_gram(gram: torch.Tensor) -> torch.Tensor:
+    """G's lower triangle, row by row [M (M + 1) / 2]: G is symmetric, so a step's file keeps half of it (16 MB of
+    32 at M = 2000). The lower triangle is what the Cholesky factorisations read and what the sums add to, so
+    growing a learner from it gives the same numbers to the bit as growing it from the whole of G."""
+    import torch
+
+    return gram[torch.ones_like(gram, dtype=torch.bool).tril()].contiguous()
+
+
+def unpack_gram(stored: torch.Tensor, size: int) -> torch.Tensor:
+    """G [M, M] from :func:`pack_gram`'s triangle (a learner saved before G was packed keeps the whole matrix)."""
+    import torch
+
+    if stored.dim() == 2:
+        return stored
+    lower = torch.zeros(size, size, dtype=stored.dtype)
+    lower[torch.ones(size, size, dtype=torch.bool).tril()] = stored
+    return lower + lower.tril(-1).T
+
+
+def _fits(gram: torch.Tensor, size: int) -> bool:
+    """A stored G of an M x M matrix: packed (:func:`pack_gram`) or whole."""
+    return tuple(gram.shape) in ((size * (size + 1) // 2,), (size, size))
+
+
 def _no_training(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
     """A later step trains nothing: one pass of features and one solve."""
     return 0
@@ -237,7 +262,7 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     state = (RidgeState.start(features.shape[1], cfg, ctx.seed) if ctx.num_old == 0
              else RidgeState.stored(ctx.extra, ctx.num_old))
     state, head, chosen = fit_step(state, features, labels, ctx.num_total, cfg.ridge, ctx.seed * 1000 + ctx.step)
-    extra = {GRAM: state.gram, TARGETS: state.targets, HEAD_KEY: head}
+    extra = {GRAM: pack_gram(state.gram), TARGETS: state.targets, HEAD_KEY: head}
     if state.projection is not None:
         extra[PROJECTION_KEY] = state.projection
     record = {**chosen, "images": int(new.sum()), "projection": cfg.projection,
