@@ -136,6 +136,9 @@ def test_a_learner_with_no_classes_refuses_what_needs_classes_in_one_sentence(zo
         result = runner.invoke(app, args)
         assert result.exit_code != 0 and "has no classes yet" in result.output, (args, result.output)
         assert "Traceback" not in result.output and "sb add-task" in result.output
+    two = write_class_folder(tmp_path / "two", ["red", "green"], 2, size=32)
+    result = runner.invoke(app, ["train", str(two), "--out", str(out), "--resume"])
+    assert result.exit_code != 0 and "no task sequence to resume" in result.output, result.output
     with pytest.raises(LearnerError, match="no classes yet"):
         api.evaluate(out, device="cpu")
     with pytest.raises(LearnerError, match="nothing to push"):

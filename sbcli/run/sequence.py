@@ -40,7 +40,7 @@ from sbcli.errors import ConfigError, LearnerError
 from sbcli.hub.pretrained import RANDOM
 from sbcli.learner import preflight, validate
 from sbcli.learner.records import MemorySettings, Provenance, TaskRecord
-from sbcli.learner.state import Learner, LearnerState
+from sbcli.learner.state import Learner, LearnerState, read_state
 from sbcli.learner.store import legacy
 from sbcli.learner.store.lock import writer_lock
 from sbcli.learner.store.outputs import check_output_dir
@@ -168,6 +168,9 @@ def check_out(out: Path, resume: bool) -> None:
     check_output_dir(out, option="--out", resume=resume)
     if resume and not (out / "learner.json").is_file():
         raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
+    if resume and read_state(out).plan is None:  # pulled as a backbone: grown by add-task, task by task
+        raise LearnerError(f"The learner at {out} began with no classes, so it has no task sequence to resume; "
+                           f"grow it with `sb add-task {out} FOLDER`.")
 
 
 def new_state(run: RunOptions, image_size: int, norm: dict, plan: dict, dataset: str) -> LearnerState:
@@ -261,8 +264,6 @@ def _weights_image_size(seq: SequenceOptions, weights: Any, timm_in: Any, resume
     timm's configuration, 224 for other ImageNet weights; resuming a learner that adopted it, its own) when
     ``--image-size`` is not given; a given one is kept, and said in one line of the log when it is another."""
     if resumed is not None and (resumed / "learner.json").is_file():  # the resolution it began at, asked or adopted
-        from sbcli.learner.state import read_state
-
         state = read_state(resumed)
         adopted = seq.image_size is None and (
             timm_in is not None or (state.provenance.pretrained or {}).get("input_size") is not None)
