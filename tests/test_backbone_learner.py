@@ -177,10 +177,14 @@ def test_a_pulled_backbone_comes_from_the_cache_when_the_hub_does_not_answer(zoo
 
 
 def test_rollback_to_step_0_gives_back_the_learner_with_no_classes(zoo, colours, tmp_path):
+    from test_json_schemas import check
+
     out = tmp_path / "mine"
-    api.pull("tiny-ridge", out, index=zoo["index"])
+    pulled = CliRunner().invoke(app, ["pull", "tiny-ridge", "--index", str(zoo["index"]), "-o", str(out), "--json"])
+    assert check("pull", pulled.stdout)["contents"]["classes"] == 0
     api.add_task(out, colours["t1"], colours["t1_test"], device="cpu")
-    api.rollback(out, 0)
+    rolled = CliRunner().invoke(app, ["rollback", str(out), "0", "--json"])
+    assert check("rollback", rolled.stdout)["classes"] == 0  # the documented --json, at step 0
     learner = Learner.load(out)
     assert learner.state.num_classes == 0 and learner.model.num_classes == 0 and GRAM not in learner.extra
     again = api.add_task(out, colours["t2"], colours["t2_test"], device="cpu")  # another first task
@@ -191,6 +195,13 @@ def test_rollback_to_step_0_gives_back_the_learner_with_no_classes(zoo, colours,
     from sbcli.export.serving import kept_steps as served_steps
 
     assert list(served_steps(out)) == [1]  # nor a version that `sb serve LEARNER` offers
+
+
+def test_the_zoo_lists_what_each_entry_holds():
+    from test_json_schemas import check
+
+    listed = check("pull-list", CliRunner().invoke(app, ["pull", "--list", "--json"]).stdout)
+    assert {e["name"] for e in listed if e["holds"] == "backbone"} == {e.name for e in SHIPPED} != set()
 
 
 @pytest.mark.parametrize("entry", SHIPPED, ids=lambda e: e.name)
