@@ -168,12 +168,14 @@ def check_out(out: Path, resume: bool) -> None:
     check_output_dir(out, option="--out", resume=resume)
     if resume and not (out / "learner.json").is_file():
         raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
-    if resume and read_state(out).plan is None:  # pulled as a backbone: grown by add-task, task by task
-        raise LearnerError(f"The learner at {out} began with no classes, so it has no task sequence to resume; "
-                           f"grow it with `sb add-task {out} FOLDER`.")
+    if resume and read_state(out).plan is None:  # pulled as a backbone (or older): grown by add-task, task by task
+        raise LearnerError(f"The learner at {out} records no task sequence to resume (it began with no classes, or an "
+                           f"older sbcli saved it); grow it with `sb add-task {out} FOLDER`.")
 
 
-def new_state(run: RunOptions, image_size: int, norm: dict, plan: dict, dataset: str) -> LearnerState:
+def new_state(run: RunOptions, image_size: int, norm: dict, plan: dict | None, dataset: str | None) -> LearnerState:
+    """A new learner's state: no classes, the run's settings (``plan``: the sequence for --resume, None for a learner
+    grown task by task; ``dataset``: the source's kind, None before any)."""
     cfg = build_config(run.method, run.method_options)
     return LearnerState(
         arch=run.arch, width=run.width, image_size=image_size, normalization=norm, method=run.method,
@@ -283,9 +285,9 @@ def _weights_image_size(seq: SequenceOptions, weights: Any, timm_in: Any, resume
     return seq
 
 
-def normalization(opened: Opened, weights: Any, timm_in: Any) -> Normalization:
+def normalization(opened: Opened | None, weights: Any, timm_in: Any) -> Normalization:
     """The statistics a new learner normalises with: a pretrained backbone's (ImageNet's, an sbcli learner's own,
-    or timm's configuration), else the training images'."""
+    or timm's configuration), else the training images' (``opened``: needed only without weights)."""
     if timm_in is not None:
         return Normalization(timm_in.mean, timm_in.std)
     if weights is not None and weights.normalization is not None:

@@ -1,6 +1,6 @@
 """A learner with no classes yet: a pretrained backbone, a method and its settings, waiting for its first task.
 
-``sb pull`` of a backbone entry of the zoo makes one (:mod:`sbcli.hub.pull`); ``sb add-task`` then learns its
+``sb pull`` of a backbone entry of the zoo makes one (:func:`pull_backbone`); ``sb add-task`` then learns its
 first classes as it learns any later ones, so a user's own classes start from one command, on any machine:
 
     sb pull resnet50-in1k-ridge -o my-classifier
