@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.errors import ConfigError
-from sbcli.learner.state import Learner, kept_steps, read_state
+from sbcli.learner.state import Learner, served_steps
 from sbcli.learner.store.outputs import check_output_file, enclosing_learner
 
 
@@ -56,9 +56,7 @@ def export_triton(learner_dir: Path, out: Path, *, name: str | None = None, half
     if learner is not None:
         raise ConfigError(f"-o {out} is inside the learner at {learner}; write the model repository outside it.")
     triton = TritonConfig(name=name or Path(learner_dir).resolve().name, max_batch_size=max_batch_size, max_queue_delay_us=max_queue_delay_us)
-    current = len(read_state(Path(learner_dir)).history)
-    # a rollback leaves later steps kept; step 0 of a learner pulled as a backbone has no classes to score
-    steps = [n for n in kept_steps(Path(learner_dir)) if 1 <= n <= current]
+    steps = sorted(served_steps(Path(learner_dir)))
     learners = (Learner.load(learner_dir, "cpu", n) for n in steps)  # one at a time
     return write_triton(learners, Path(out), cfg, triton)
 

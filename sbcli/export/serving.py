@@ -138,10 +138,9 @@ def _learner_onnx(learner_dir: Path) -> Path:
 def _kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
     """The kept steps of a learner that are not past its current step (a rollback leaves later ones), with their files;
     not step 0 of a learner pulled as a backbone (no classes to score)."""
-    from sbcli.learner.state import open_stored
+    from sbcli.learner.state import served_steps
 
-    stored = open_stored(learner_dir)
-    return {n: files for n, files in stored.kept.items() if 1 <= n <= stored.current}
+    return served_steps(learner_dir)
 
 
 def _step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:

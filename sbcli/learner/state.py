@@ -226,6 +226,13 @@ def read_state(path: Path, step: int | None = None) -> LearnerState:
     return _parse_state(data, where)
 
 
+def served_steps(path: Path) -> dict[int, dict[str, str]]:
+    """The kept steps a model can be made of, with their files: not past the current step (a rollback leaves later
+    ones kept), nor step 0 of a learner pulled as a backbone (no classes to score)."""
+    stored = open_stored(Path(path))
+    return {n: files for n, files in stored.kept.items() if 1 <= n <= stored.current}
+
+
 def kept_steps(path: Path) -> list[int]:
     """The steps of the learner at ``path`` that ``--step`` and ``sb rollback`` can go back to."""
     return sorted(open_stored(Path(path)).kept)
