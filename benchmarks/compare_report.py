@@ -102,7 +102,8 @@ def report_markdown(report: dict) -> str:
     """The comparison's tables as Markdown."""
     c, plan = report["config"], report["plan"]
     calib = plan.get("calibration", {})
-    how = "given" if c.get("epochs") else f"fitted to {c['budget_s']:.0f} s"
+    how = ("given" if c.get("epochs") else "the default, no time budget" if c.get("budget_s") is None
+           else f"fitted to {c['budget_s']:.0f} s")
     lines = [f"# S&B + WA against STD + WA: {c['tasks']} tasks, {Path(str(c['train'])).parent.name}", "",
              f"Device: {report['device']} · torch {report['torch']} · {calib.get('precision', '?')} · one measured "
              f"epoch: {calib.get('images_per_s', 0):,.0f} img/s (phase C, {calib.get('images', '?')} images).",

@@ -1,16 +1,32 @@
-# Sourced by the scripts that run on a machine with a GPU (gpu_check.sh, own_data_gpu.sh), from the
-# repository root: sets $out ($OUT if set, else ./gpu-results) and $py, installs the wheels in .whl/
-# (for a machine without a package index) into /tmp/site, and puts them and the checkout on
-# PYTHONPATH.
-out="${OUT:-$PWD/gpu-results}"
+# Sourced, with the script's arguments, by the scripts for a machine with a GPU (gpu_check.sh,
+# own_data_gpu.sh), from the repository root. Takes out of the arguments:
+#   --out DIR      where the results go (default ./gpu-results); it is made, and passed on as --out DIR
+#   --wheels DIR   optional: install the wheels in DIR first (for a machine without a package index),
+#                  into a folder of their own that goes on PYTHONPATH
+# and leaves the other arguments in the array "args". Sets $out and $py ($PYTHON, else python3), and
+# puts the checkout on PYTHONPATH.
+out="$PWD/gpu-results"
+wheels=""
+args=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --out) out="$2"; shift 2 ;;
+        --out=*) out="${1#--out=}"; shift ;;
+        --wheels) wheels="$2"; shift 2 ;;
+        --wheels=*) wheels="${1#--wheels=}"; shift ;;
+        *) args+=("$1"); shift ;;
+    esac
+done
 mkdir -p "$out"
 py="${PYTHON:-python3}"
-if compgen -G ".whl/*.whl" > /dev/null; then
+if [ -n "$wheels" ]; then
+    site="${TMPDIR:-/tmp}/sbcli-wheels-site"
     # one at a time: a wheel pip refuses (one built for another Python) is skipped with pip's reason, on stderr
-    for wheel in .whl/*.whl; do
-        why=$("$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+    for wheel in "$wheels"/*.whl; do
+        [ -e "$wheel" ] || { echo "no wheels in $wheels" >&2; break; }
+        why=$("$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" \
             "$wheel" 2>&1) || echo "skipped $wheel: ${why##*$'\n'}" >&2
     done
-    export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+    export PYTHONPATH="$site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

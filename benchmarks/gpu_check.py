@@ -1,7 +1,7 @@
 """One command for a machine with a GPU: environment, ``pytest -m gpu``, the engine benchmark, a profile, a real run.
 
-Run it through ``benchmarks/gpu_check.sh`` (which installs the wheels in ``.whl/``, if any, and
-keeps a log); docs/lab/performance.md ("On a GPU") gives the command. Steps, each recorded in
+Run it through ``benchmarks/gpu_check.sh`` (which keeps a log, and with ``--wheels DIR`` first installs
+the wheels in DIR); docs/lab/performance.md ("On a GPU") gives the command. Steps, each recorded in
 ``results.json`` and ``results.md`` under ``--out`` as soon as it ends (a run stopped at its time
 limit keeps what it finished):
 
@@ -30,8 +30,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import subprocess
+import tempfile
 import sys
 import threading
 import time
@@ -49,9 +51,9 @@ from gpu_env import environment  # noqa: E402
 @dataclass
 class CheckConfig:
     out: Path
-    data: Path
+    data: Path | None  # the 32 px Tiny-ImageNet-100 archive (ddp, sequence); None: those steps are skipped
     work: Path
-    budget_s: float = 540.0  # the whole check, seconds; keep it under any time limit the machine has
+    budget_s: float | None = None  # the whole check, seconds; None: no limit, every step runs in full
     dry: bool = False
     skip: tuple[str, ...] = ()
     bench_seconds: float = 3.0
@@ -72,6 +74,9 @@ class Check:
     results: dict = field(default_factory=dict)
 
     def left(self) -> float:
+        """Seconds left of the budget (infinite without one)."""
+        if self.cfg.budget_s is None:
+            return math.inf
         return self.cfg.budget_s - (time.monotonic() - self.start)
 
     def record(self, step: str, value: dict) -> None:
@@ -288,8 +293,10 @@ def data_folders(cfg: CheckConfig) -> tuple[Path, Path] | dict:
     from gpu_data import DATA_NAME, unpack, write_tiny_archive
 
     archive = write_tiny_archive(cfg.work / "tiny.zip") if cfg.dry else cfg.data
+    if archive is None:
+        return {"skipped": f"no --data given (the path of {DATA_NAME}.zip)"}
     if not archive.is_file():
-        return {"skipped": f"{archive} is missing (copy {DATA_NAME}.zip from the data folder there first)"}
+        return {"skipped": f"{archive} is missing (--data names {DATA_NAME}.zip)"}
     return unpack(archive, cfg.work / "data")
 
 
@@ -320,11 +327,12 @@ def sequence(check: Check) -> dict:
     if budget < (30 if cfg.dry else 120):
         return {"skipped": f"only {budget:.0f} s left of the check's budget"}
     main_rows = ("sb-wa",) if cfg.sequence == "sb" else ("sb-wa", "std-wa")
-    compare = pc.CompareConfig(train=train, test=test, out=cfg.out, budget_s=budget, epochs=cfg.sequence_epochs,
+    compare = pc.CompareConfig(train=train, test=test, out=cfg.out, budget_s=None if math.isinf(budget) else budget,
+                               epochs=cfg.sequence_epochs,
                                control="no" if cfg.sequence == "sb" else cfg.control, main_rows=main_rows)
     if cfg.dry:
         compare = pc.dry_config(compare)
-    # no compare.json/.md of its own: the report goes into results.json/.md (8 files come back at most)
+    # no compare.json/.md of its own: the report goes into results.json/.md, beside the other steps'
     return pc.run_compare(compare, cfg.work / "runs", prefix=None, on_report=lambda rep: check.record("sequence", rep))
 
 
@@ -364,11 +372,13 @@ def wants_profile(check: Check, step: str) -> bool:
 
 def parse(argv: list[str] | None = None) -> CheckConfig:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "gpu-results"))
-    p.add_argument("--data", type=Path, default=REPO / ".gpu-data" / "tiny-imagenet-100-32px.zip")
-    p.add_argument("--work", type=Path, default=Path("/tmp/sbcli-gpu-check"))
-    p.add_argument("--budget-s", type=float, default=540.0,
-                   help="time budget of the whole check, seconds (9 minutes): a step that no longer fits is skipped")
+    p.add_argument("--out", type=Path, default=Path("gpu-results"))
+    p.add_argument("--data", type=Path, default=None,
+                   help="the 32 px Tiny-ImageNet-100 archive (steps ddp and sequence; skipped without it)")
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "sbcli-gpu-check")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="time budget of the whole check, seconds: a step that no longer fits is skipped, and the "
+                        "comparison's epochs are the most that fit (default: no budget; --sequence-epochs or 30)")
     p.add_argument("--dry", action="store_true", help="tiny sizes, any device (the CPU without a GPU)")
     p.add_argument("--skip", default="", help=f"comma-separated steps to leave out: {','.join(STEPS)}")
     p.add_argument("--bench-seconds", type=float, default=3.0)
@@ -381,8 +391,8 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
     p.add_argument("--flops", action="store_true",
                    help="print the FLOPs per image of the benchmark's training steps (CPU, a second) and exit")
     p.add_argument("--copy-size", action="store_true",
-                   help="before copying the checkout to a GPU machine: print what the copy weighs (MiB, with .gpu-data/ and "
-                        ".whl/) and exit")
+                   help="before copying the checkout to another machine: print what the copy weighs (MiB, with the "
+                        "ignored folders .gpu-data/ and .whl/ if they are there) and exit")
     p.add_argument("--max-copy-mb", type=float, default=None,
                    help="with --copy-size: exit 1 when the copy weighs more than this many MiB (default: no limit)")
     a = p.parse_args(argv)
@@ -409,7 +419,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     if "--copy-size" in (sys.argv[1:] if argv is None else argv):
         limit = copy_limit(sys.argv[1:] if argv is None else argv)
-        size = copy_size(REPO, [".gpu-data", ".whl"], limit)  # before copying the checkout to the GPU machine
+        size = copy_size(REPO, [".gpu-data", ".whl"], limit)  # before copying the checkout to another machine
         print(json.dumps(size))
         sys.exit(0 if size["fits"] else 1)
     cfg = parse(argv)

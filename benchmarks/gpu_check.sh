@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The GPU check in one command (docs/lab/performance.md, "On a GPU"): results.json, results.md and
-# log.txt go to $OUT if set, else ./gpu-results. Wheels in .whl/ (for a machine without a package
-# index) are installed first, if there are any.
-# Any argument is passed on to benchmarks/gpu_check.py (e.g. --dry, --skip sequence, --budget-s 540).
+# The GPU check in one command, on a machine with a GPU where sbcli is installed (the README's set-up):
+#   bash benchmarks/gpu_check.sh --data PATH/tiny-imagenet-100-32px.zip [--out DIR] [gpu_check.py options]
+# results.json, results.md and log.txt go to --out (default ./gpu-results); docs/lab/performance.md,
+# "On a GPU", says what each step measures. --wheels DIR installs the wheels in DIR first (a machine
+# without a package index). Every other argument goes to benchmarks/gpu_check.py (--dry, --skip,
+# --budget-s, ...).
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 1
-source benchmarks/device_env.sh
-export SBCLI_CACHE="${SBCLI_CACHE:-/tmp/sbcli-cache}"
-"$py" benchmarks/gpu_check.py --out "$out" "$@" 2>&1 | tee "$out/log.txt"
+source benchmarks/device_env.sh "$@"
+export SBCLI_CACHE="${SBCLI_CACHE:-${TMPDIR:-/tmp}/sbcli-cache}"
+"$py" benchmarks/gpu_check.py --out "$out" "${args[@]}" 2>&1 | tee "$out/log.txt"

@@ -2,9 +2,10 @@
 # benchmarks/own_data_defaults.py on a machine with a GPU, several runs side by side:
 #   bash benchmarks/own_data_defaults.sh --study all --workers 8 --threads 2 --budget-s 3000
 # The archives come from --data (default .gpu-data/ in the checkout, as for own_data_gpu.sh: the 32 px
-# Tiny-ImageNet-100 and CIFAR-10 at 500 a class); results.jsonl and environment.json go to $OUT.
+# Tiny-ImageNet-100 and CIFAR-10 at 500 a class); results.jsonl and environment.json go to --out
+# (default ./gpu-results); --wheels DIR installs the wheels in DIR first.
 set -o pipefail
 cd "$(dirname "$0")/.." || exit 1
-source benchmarks/device_env.sh
+source benchmarks/device_env.sh "$@"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee "$out/gpu.txt"
-"$py" benchmarks/own_data_defaults.py --out "$out" --work /tmp/sbcli-own-defaults "$@" 2>&1 | tee "$out/log.txt"
+"$py" benchmarks/own_data_defaults.py --out "$out" --work "${TMPDIR:-/tmp}/sbcli-own-defaults" "${args[@]}" 2>&1 | tee "$out/log.txt"

@@ -184,7 +184,7 @@ class Pool:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", type=Path, default=REPO / ".gpu-data")
-    parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or REPO / "gpu-results"))
+    parser.add_argument("--out", type=Path, default=REPO / "gpu-results")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "sbcli-own-data")
     parser.add_argument("--budget-s", type=float, default=450.0, help="time budget of all the runs together, seconds")
     parser.add_argument("--min-start-s", type=float, default=40.0)

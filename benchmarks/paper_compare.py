@@ -1,4 +1,4 @@
-"""Does S&B + WA beat STD + WA at a paper-like scale? One time-boxed run on the 32 px Tiny-ImageNet-100.
+"""Does S&B + WA beat STD + WA at a paper-like scale? One run on the 32 px Tiny-ImageNet-100.
 
 The comparison: 10 tasks of 10 classes, class order seed 0, ResNet-18 at full width,
 memory 2000 (random exemplars), batch 256, the paper's SGD (lr 0.1, Nesterov momentum 0.9, weight
@@ -12,8 +12,9 @@ shape as this data). Rows, trained in this order:
   as many epochs as S&B's step did in all its phases (3x in a split step), read from S&B's history.
 
 Before training, one epoch of a teacher-guided phase is timed on the real images ("measure one
-epoch first"), and the epochs per phase are the most that fit ``--budget-s`` for the rows
-(the control only when it still gets ``--min-epochs``). Every finished row is written at once,
+epoch first"), and with ``--budget-s`` the epochs per phase are the most that fit it for the rows
+(the control only when it still gets ``--min-epochs``); without one, every row trains ``--epochs``
+(30 by default). Every finished row is written at once,
 so a run stopped at its time limit leaves what it finished: ``compare.md`` and ``compare.json``
 (per-step curves, average incremental accuracy over steps 2..T and 1..T, last step,
 intra-old / intra-new, the S&B ablation after B, after C and after WA, S&B minus STD beside the
@@ -22,7 +23,7 @@ figures of ``sb bench``. The learners themselves (45 MB of weights each) stay on
 
 Examples::
 
-    python benchmarks/paper_compare.py --data .gpu-data/tiny-imagenet-100-32px.zip --out "$OUT" --budget-s 540
+    python benchmarks/paper_compare.py --data PATH/tiny-imagenet-100-32px.zip --out compare-results --epochs 30
     python benchmarks/paper_compare.py --dry --out /tmp/compare-dry      # tiny sizes on the CPU, a minute
 """
 
@@ -34,6 +35,7 @@ import json
 import math
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -61,6 +63,9 @@ PAPER_TRAIN = {"momentum": 0.9, "weight_decay": 5e-4, "milestones": (0.3, 0.6, 0
                "warmup_epochs": 0.0, "val_fraction": 0.0, "zero_init_residual": False}
 
 
+DEFAULT_EPOCHS = 30  # per phase without a time budget: the least the paper-scale question asks for
+
+
 class TimeUp(Exception):
     """Raised from the progress callback once the run's hard deadline has passed."""
 
@@ -83,8 +88,8 @@ class CompareConfig:
     precision: str = "auto"
     device: str = "auto"
     seed: int = 0
-    epochs: int | None = None  # per phase; None: as many as fit the budget
-    budget_s: float = 540.0  # the whole comparison, decoding and calibration included
+    epochs: int | None = None  # per phase; None: as many as fit the budget (DEFAULT_EPOCHS without one)
+    budget_s: float | None = None  # the whole comparison, decoding and calibration included; None: no limit
     min_epochs: int = 10  # the control row runs only if it leaves every row at least this many
     max_epochs: int = 200  # the paper's
     control: str = "auto"  # auto (if it fits), yes, no
@@ -152,6 +157,10 @@ def fit_epochs(cfg: CompareConfig, rate: float, image_epochs: dict[str, int], se
     The two main rows always run; the control joins when every row still gets ``min_epochs``
     (``control`` yes/no forces it). A given ``epochs`` is used as it is.
     """
+    main, full = list(cfg.main_rows), [*cfg.main_rows, "std-wa-equal"]
+    if math.isinf(seconds):  # no budget: every row, at the given epochs or DEFAULT_EPOCHS
+        rows = full if "sb-wa" in main and cfg.control != "no" else main
+        return (cfg.epochs if cfg.epochs is not None else DEFAULT_EPOCHS), rows
     overhead = cfg.overhead_s_per_step * cfg.tasks
 
     def fits(rows: list[str]) -> int:
@@ -159,7 +168,6 @@ def fit_epochs(cfg: CompareConfig, rate: float, image_epochs: dict[str, int], se
         per_epoch = sum(image_epochs[r] for r in rows) / max(rate, 1e-9)
         return max(1, min(cfg.max_epochs, math.floor(usable / per_epoch))) if usable > 0 else 1
 
-    main, full = list(cfg.main_rows), [*cfg.main_rows, "std-wa-equal"]
     with_control = "sb-wa" in main and (cfg.control == "yes" or (cfg.control == "auto" and fits(full) >= cfg.min_epochs))
     rows = full if with_control else main
     return (cfg.epochs if cfg.epochs is not None else fits(rows)), rows
@@ -282,7 +290,7 @@ def run_compare(cfg: CompareConfig, work: Path, prefix: str | None = "compare",
     ``on_report`` is also given the report after each publication (gpu_check records it).
     """
     start = time.monotonic()
-    deadline = start + cfg.budget_s
+    deadline = start + (math.inf if cfg.budget_s is None else cfg.budget_s)
     spec = resolve_spec(str(cfg.train), test=str(cfg.test), image_size=32, data_root=None, download=False)
     opened = open_spec(spec)  # decodes once into the cache that the rows read
     decoded_s = time.monotonic() - start
@@ -300,7 +308,7 @@ def run_compare(cfg: CompareConfig, work: Path, prefix: str | None = "compare",
             "image_epochs_per_epoch": cost, "training_budget_s": round(train_s, 1), "epochs": epochs, "rows": rows,
             "projected_s": {r: round(cost[r] * epochs / calib["images_per_s"], 1) for r in rows}}
     print(f"plan: {json.dumps(plan)}", file=sys.stderr, flush=True)
-    show = progress_printer(start + cfg.budget_s, max(1, epochs // 4))
+    show = progress_printer(deadline, max(1, epochs // 4))
     figures: list[Path] = []
     stopped = None
     try:
@@ -339,11 +347,14 @@ def cfg_json(cfg: CompareConfig) -> dict:
 
 def parse(argv: list[str] | None = None) -> tuple[CompareConfig, Path, Path | None, bool]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=Path(".gpu-data") / f"{DATA_NAME}.zip", help="the 32 px archive")
+    p.add_argument("--data", type=Path, required=False, default=None, help=f"the 32 px archive ({DATA_NAME}.zip)")
     p.add_argument("--out", type=Path, default=Path("compare-results"), help="where the tables and learner.json files go")
-    p.add_argument("--work", type=Path, default=Path("/tmp/sbcli-compare"), help="data and learners (large)")
-    p.add_argument("--budget-s", type=float, default=540.0, help="time budget of the whole comparison, seconds (9 minutes)")
-    p.add_argument("--epochs", type=int, default=None, help="per phase (default: as many as fit the budget)")
+    p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "sbcli-compare",
+                   help="data and learners (large)")
+    p.add_argument("--budget-s", type=float, default=None,
+                   help="time budget of the whole comparison, seconds (default: none)")
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"per phase (default: as many as fit --budget-s, or {DEFAULT_EPOCHS} without one)")
     p.add_argument("--min-epochs", type=int, default=10)
     p.add_argument("--control", choices=("auto", "yes", "no"), default="auto")
     p.add_argument("--rho", type=float, default=1.15)
@@ -369,8 +380,8 @@ def main(argv: list[str] | None = None) -> None:
     if dry:
         torch.set_num_threads(1)
         data = write_tiny_archive(work / "tiny.zip")
-    elif not data.is_file():
-        sys.exit(f"{data} is missing: copy {DATA_NAME}.zip from the data folder there (docs/lab/performance.md, On a GPU).")
+    elif data is None or not data.is_file():
+        sys.exit(f"{data or 'no --data given'}: give --data, the path of {DATA_NAME}.zip (docs/lab/performance.md, On a GPU).")
     train, test = unpack(data, work / "data")
     cfg = CompareConfig(train=train, test=test, out=a.out, budget_s=a.budget_s, epochs=a.epochs, min_epochs=a.min_epochs,
                         control=a.control, rho=a.rho, device=a.device, precision=a.precision, cpu_eval=not a.no_cpu_eval)
