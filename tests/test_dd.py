@@ -12,6 +12,7 @@ from sbcli.data.device import DeviceData
 from sbcli.engine.loop import StepOutputs, TrainConfig
 from sbcli.errors import ConfigError
 from sbcli.methods import build_config, dd
+from sbcli.methods.common import PairTeacher
 from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.nets import create_model
 
@@ -30,7 +31,7 @@ def test_loss_weights_both_distillations_and_ce():
 def test_pair_teacher_puts_old_logits_then_new_logits():
     old, new = torch.nn.Linear(4, 3), torch.nn.Linear(4, 2)
     x = torch.randn(6, 4)
-    torch.testing.assert_close(dd.PairTeacher(old, new)(x), torch.cat([old(x), new(x)], 1))
+    torch.testing.assert_close(PairTeacher(old, new)(x), torch.cat([old(x), new(x)], 1))
 
 
 def test_temporary_network_sees_the_new_task_alone():

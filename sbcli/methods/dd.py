@@ -15,7 +15,7 @@ stored in the learner.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError
 from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
@@ -46,15 +46,6 @@ class Config(MethodConfig):
         super().__post_init__()
         if self.wa_clip and self.inference != "wa":
             raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
-
-
-def __getattr__(name: str) -> Any:
-    """``dd.PairTeacher``: the module of both teachers lives with the torch code (:mod:`sbcli.methods.common`)."""
-    if name == "PairTeacher":
-        from sbcli.methods.common import PairTeacher
-
-        return PairTeacher
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def plan(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
