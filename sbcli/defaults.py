@@ -32,6 +32,8 @@ Command = Literal["train", "bench"]
 Kind = Literal["folder", "demo", "paper"]
 
 PAPER_BENCHMARKS = ("cifar10", "cifar100", "tiny-imagenet")
+# `sb bench`'s rows by default: the paper's Table 1, in its order (sbcli.bench.grid registers each row)
+PAPER_ORDER = ("finetune", "std-icarl", "std-bic", "std-wa", "dd-wa", "sb-wa", "joint")
 
 
 class _Unset:

@@ -143,9 +143,13 @@ def test_cli_bench_prints_the_table(colors, tmp_path):
 
 
 def test_cli_default_rows_are_the_papers_seven():
-    from sbcli.cli.bench import PAPER_ROWS
+    from sbcli.cli.bench import build_plan
 
-    assert PAPER_ROWS.split(",") == list(bench.PAPER_ORDER)
+    assert len(bench.PAPER_ORDER) == 7 and all(m in bench.BENCH_METHODS for m in bench.PAPER_ORDER)
+    plan = build_plan({"source": None, "methods": None, "tasks": None, "image_size": None, "test": None, "rho": None})
+    assert plan.methods == bench.PAPER_ORDER
+    shown = " ".join(CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "300"}).output.split())
+    assert ",".join(bench.PAPER_ORDER) in shown
     assert [bench.BENCH_METHODS.get(m).label for m in bench.PAPER_ORDER][-2:] == ["S&B + WA", "Oracle (joint)"]
 
 

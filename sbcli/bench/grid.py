@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.bench.report import class_order_text, epochs_text, ran_text
+from sbcli.defaults import PAPER_ORDER
 from sbcli.errors import ConfigError
 from sbcli.methods import METHODS
 from sbcli.registry import Registry
@@ -30,7 +31,6 @@ class BenchMethod:
 
 
 BENCH_METHODS: Registry[BenchMethod] = Registry("bench method")
-PAPER_ORDER = ("finetune", "std-icarl", "std-bic", "std-wa", "dd-wa", "sb-wa", "joint")
 for _row in (BenchMethod("finetune", "Fine-tuning", "finetune"),
              BenchMethod("std-icarl", "STD + iCaRL", "std", {"inference": "icarl"}),
              BenchMethod("std-bic", "STD + BiC", "std", {"inference": "bic"}),

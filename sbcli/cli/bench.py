@@ -16,7 +16,7 @@ from sbcli.cli._options import (
     QuietOpt,
     with_run_options,
 )
-from sbcli.defaults import BENCH_TASKS, statement
+from sbcli.defaults import BENCH_TASKS, PAPER_ORDER, statement
 
 EPILOG = """Examples:
 
@@ -30,9 +30,6 @@ EPILOG = """Examples:
 Run the same command again to resume: finished cells are skipped.
 """
 
-PAPER_ROWS = "finetune,std-icarl,std-bic,std-wa,dd-wa,sb-wa,joint"  # sbcli.bench.PAPER_ORDER (kept here: no import at load)
-
-
 def _ints(text: str, option: str) -> tuple[int, ...]:
     try:
         return tuple(int(p) for p in text.split(",") if p.strip())
@@ -42,7 +39,7 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
 
 def build_plan(o: dict) -> Any:
     """The BenchPlan of the command's options (None: the default), through the config layer."""
-    from sbcli.bench import PAPER_ORDER, BenchPlan
+    from sbcli.bench import BenchPlan
     from sbcli.config.options import bench_defaults, build_options
 
     o = dict(o)
@@ -58,7 +55,7 @@ def build_plan(o: dict) -> Any:
 def bench(
     source: Annotated[Optional[str], typer.Argument(help="demo (default), cifar100, tiny-imagenet, a Tiny-ImageNet zip/dir, or a class-per-folder directory.", show_default=False)] = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Bench directory: one learner per cell, the table and the figures.", rich_help_panel=OUT)] = Path("runs/bench"),
-    methods: Annotated[Optional[str], typer.Option("--methods", help="Rows, comma-separated (default: the paper's seven, " + PAPER_ROWS + "; also std: KD + CE with the plain head).", rich_help_panel=METHOD, show_default=False)] = None,
+    methods: Annotated[Optional[str], typer.Option("--methods", help="Rows, comma-separated (default: the paper's seven, " + ",".join(PAPER_ORDER) + "; also std: KD + CE with the plain head).", rich_help_panel=METHOD, show_default=False)] = None,
     tasks: Annotated[Optional[str], typer.Option("--tasks", help=f"Columns: task counts, comma-separated (default: {statement(BENCH_TASKS, 'bench', str)}).", rich_help_panel=DATA, show_default=False)] = None,
     image_size: Annotated[Optional[int], typer.Option("--image-size", help="Training resolution (benchmarks are resized from their own).", rich_help_panel=DATA, show_default=False)] = None,
     test: Annotated[Optional[Path], typer.Option("--test", help="Class-per-folder test images, for a folder source.", rich_help_panel=DATA, show_default=False)] = None,
@@ -72,7 +69,7 @@ def bench(
     from sbcli.bench import dataset_kind, describe, run_bench
     from sbcli.cli import progress, render
 
-    given = {k: v for k, v in locals().items() if k not in ("out", "plots", "json_out", "run_options", "quiet")}
+    given = {"source": source, "methods": methods, "tasks": tasks, "image_size": image_size, "test": test, "rho": rho}
     plan = build_plan({**given, **run_options})
     reporter = progress.reporter(quiet, every=max(1, plan.run.train.epochs // 5))
 
