@@ -70,7 +70,10 @@ def train(
     from sbcli.cli.runs import run_training
     from sbcli.config.options import build_options
 
-    given = {k: v for k, v in locals().items() if k not in ("json_out", "run_options", "log", "quiet", "keep")}
+    given = {"source": source, "test": test, "dataset_name": dataset_name, "out": out, "resume": resume,
+             "image_size": image_size, "tasks": tasks, "base": base, "increment": increment,
+             "no_test_sample": no_test_sample, "recipe": recipe, "method": method, "pretrained": pretrained,
+             "pretrained_sha256": pretrained_sha256}
     seq, run, out_dir = build_options({**given, **run_options})
     out_dir = output_dir(out_dir, resume, seq.source, recipe)  # no --out: a new runs/NAME folder
     run_training(seq, run, out_dir, resume=resume, json_out=json_out, quiet=quiet, log=log or [], keep=keep)
