@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.errors import ConfigError, ExportError, LearnerError
-from sbcli.hub.client import HubConfig, check_repo_id, copy_files, evict_cached, fetch, safe_relpath
+from sbcli.hub.client import HubConfig, check_repo_id, check_revision, copy_files, evict_cached, fetch, safe_relpath
 from sbcli.hub.zoo import ZooEntry, ZooIndex, hash_error, load_index, mismatched_files
 from sbcli.learner.store.outputs import check_output_dir
 
@@ -44,6 +44,8 @@ def parse_ref(text: str) -> Ref:
         raise ConfigError(f"'{text}' is not NAME[@REVISION]; e.g. demo-sb-tiny or user/my-learner@step-2.")
     if "/" in name:
         check_repo_id(name)
+    if revision:
+        check_revision(revision)
     return Ref(name, revision or None)
 
 
