@@ -27,10 +27,11 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sbcli.errors import LearnerError
+from sbcli.errors import CommittedInterrupt, LearnerError
 from sbcli.learner.store.layout import (
     CHUNK,
     FORMAT_VERSION,
@@ -139,7 +140,8 @@ def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], ke
     except OSError as err:
         raise LearnerError(f"Could not save the learner at {root} ({err.strerror or err}: {err.filename or root}); "
                            "the learner there is unchanged; free space or fix the permissions and run again.") from err
-    remove_unreferenced(root, _referenced(kept))
+    with after_commit(root, step):
+        remove_unreferenced(root, _referenced(kept))
 
 
 def write_flat(folder: Path, payload: dict[str, bytes], state: dict[str, Any]) -> None:
@@ -232,9 +234,21 @@ def switch(root: Path, document: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    checkpoint("rename:" + STATE_FILE)
-    fsync_dir(root)
-    checkpoint("fsync:root")
+    with after_commit(root, len(document["history"])):
+        checkpoint("rename:" + STATE_FILE)
+        fsync_dir(root)
+        checkpoint("fsync:root")
+
+
+@contextlib.contextmanager
+def after_commit(root: Path, step: int) -> Iterator[None]:
+    """A Ctrl-C in the block (after the commit) says that the step is committed, not merely "interrupted"."""
+    try:
+        yield
+    except CommittedInterrupt:
+        raise
+    except KeyboardInterrupt as err:
+        raise CommittedInterrupt(root, step) from err
 
 
 def remove_leftovers(root: Path, stored: Stored | None) -> None:
