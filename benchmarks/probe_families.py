@@ -108,7 +108,10 @@ def outside_files(p: Probe) -> list[tuple[str, bool]]:
               ("old folder, nested photos", beside("old-7", lambda f: ((f / "a" / "b").mkdir(parents=True),
                                                                        (f / "a" / "b" / "p.jpg").write_text("p")))),
               ("a learner copy plus notes", beside("old-8", lambda f: (shutil.copytree(p.base, f, dirs_exist_ok=True),
-                                                                       (f / "notes.txt").write_text("mine"))))]
+                                                                       (f / "notes.txt").write_text("mine")))),
+              # a whole learner copy and nothing else: a name alone, even a pid's, proves no 0.1 save wrote it
+              *((f"a whole learner copy as .L.{kind}", beside(kind, lambda f: shutil.copytree(p.base, f, dirs_exist_ok=True)))
+                for kind in ("old-copy", "old-1234", "tmp-abcdefgh"))]
 
     def inside(name: str) -> Callable[[Path], Path]:
         def plant(learner: Path) -> Path:

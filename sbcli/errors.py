@@ -35,6 +35,15 @@ class ExportError(SbcliError):
     """Export or serving failed (missing extra, parity check failed, Hub unreachable, ...)."""
 
 
+class CommittedInterrupt(KeyboardInterrupt):
+    """Ctrl-C after a save was committed: the learner holds the new step, only what follows the commit was
+    stopped (removing files no step names any more, which the next writer does; the results files)."""
+
+    def __init__(self, path: object, step: int) -> None:
+        super().__init__(f"the step was already committed: the learner at {path} holds step {step}")
+        self.path, self.step = path, step
+
+
 class UnknownNameError(ConfigError):
     """A registry lookup with a name that is not registered."""
 

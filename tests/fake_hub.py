@@ -207,6 +207,11 @@ class FakeHub:
         self.requests: list[tuple[str, str]] = []
         self.fail_status: int | None = None
         self.repos: dict[tuple[str, str], Repo] = {}
+        # A hostile server, for the tests of what a client builds paths from (all off by default):
+        self.any_revision = False  # every revision name, however formed, answers as main's head
+        self.reported_sha: str | None = None  # the commit id every answer names, instead of the real one
+        self.listed: dict[str, bytes] = {}  # extra files in every listing (repo info and tree), and served
+        self.tree_only: dict[str, bytes] = {}  # extra files in the tree listing alone (not in repo info), and served
         self._lock = threading.RLock()
         self._server: ThreadingHTTPServer | None = None
         self._routes = self._build_routes()
@@ -302,6 +307,18 @@ class FakeHub:
     def _repo(self, req: Request) -> Repo:
         return self._get_repo(_TYPES[req.params.get("t") or "models"], req.params["repo"])
 
+    def _at(self, repo: Repo, rev: str) -> Commit:
+        """The commit ``rev`` names; with ``any_revision``, main's head for a name it does not know."""
+        try:
+            return repo.resolve(rev)
+        except HubError:
+            if not self.any_revision:
+                raise
+            return repo.commits[repo.branches["main"]]
+
+    def _sha(self, commit: Commit) -> str:
+        return commit.oid if self.reported_sha is None else self.reported_sha
+
     def _repo_url(self, repo: Repo) -> str:
         return f"{self.endpoint}/{_URL_PREFIX[repo.repo_type]}{repo.repo_id}"
 
@@ -328,19 +345,19 @@ class FakeHub:
 
     def _repo_info(self, req: Request) -> Reply:
         repo = self._repo(req)
-        commit = repo.resolve(req.params.get("rev", "main"))
+        commit = self._at(repo, req.params.get("rev", "main"))
         siblings = [
             {"rfilename": path, "size": len(data), "blobId": git_blob_sha1(data)}
-            for path, data in sorted(commit.files.items())
+            for path, data in sorted({**commit.files, **self.listed}.items())
         ]
-        info = {"id": repo.repo_id, "author": repo.repo_id.split("/")[0], "sha": commit.oid, "private": repo.private}
+        info = {"id": repo.repo_id, "author": repo.repo_id.split("/")[0], "sha": self._sha(commit), "private": repo.private}
         info.update(createdAt=repo.created, lastModified=commit.date, tags=[], siblings=siblings)
         return Reply.json(info)
 
     # -- trees and history -----------------------------------------------------------------
 
     def _tree(self, req: Request) -> Reply:
-        files = self._repo(req).resolve(req.params["rev"]).files
+        files = {**self._at(self._repo(req), req.params["rev"]).files, **self.listed, **self.tree_only}
         recursive = req.query.get("recursive", ["false"])[0].lower() in ("true", "1")
         entries = _tree_entries(files, req.params.get("path", ""), recursive)
         if req.params.get("path") and not entries:
@@ -348,7 +365,7 @@ class FakeHub:
         return Reply.json(entries)
 
     def _paths_info(self, req: Request) -> Reply:
-        files = self._repo(req).resolve(req.params["rev"]).files
+        files = {**self._at(self._repo(req), req.params["rev"]).files, **self.listed, **self.tree_only}
         out = []
         for raw in parse_qs(req.body.decode()).get("paths", []):
             path = raw.strip("/")
@@ -454,14 +471,14 @@ class FakeHub:
 
     def _resolve(self, req: Request) -> Reply:
         """``HEAD``/``GET /{repo}/resolve/{rev}/{path}``: the file, with the headers the client checks."""
-        commit = self._repo(req).resolve(req.params["rev"])
-        content = commit.files.get(req.params["path"])
+        commit = self._at(self._repo(req), req.params["rev"])
+        content = {**commit.files, **self.listed, **self.tree_only}.get(req.params["path"])
         if content is None:
-            raise HubError(404, "Entry not found", "EntryNotFound", **{"X-Repo-Commit": commit.oid})
+            raise HubError(404, "Entry not found", "EntryNotFound", **{"X-Repo-Commit": self._sha(commit)})
         headers = {
             "Content-Type": "application/octet-stream",
             "Accept-Ranges": "bytes",
-            "X-Repo-Commit": commit.oid,
+            "X-Repo-Commit": self._sha(commit),
             "ETag": f'"{git_blob_sha1(content)}"',
         }
         span = _byte_range(req.headers.get("range"), len(content))

@@ -189,11 +189,11 @@ def test_a_learner_left_between_the_renames_of_the_old_save_is_recovered(tmp_pat
     import shutil
 
     shutil.copytree(ZOO_V1, tmp_path / ".l.old-4242")
-    shutil.copytree(ZOO_V1, tmp_path / ".l.tmp-abcd")
-    (tmp_path / ".l.tmp-zzzz").mkdir()  # an incomplete one is never chosen
+    shutil.copytree(ZOO_V1, tmp_path / ".l.tmp-abcd1234")
+    (tmp_path / ".l.tmp-zzzzzzzz").mkdir()  # an incomplete one is never chosen
     learner = Learner.load(tmp_path / "l")
     assert learner.state.steps == 2 and "Recovered the learner" in caplog.text
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".l.old-4242", ".l.tmp-zzzz", "l"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".l.old-4242", ".l.tmp-zzzzzzzz", "l"]
     fake_step(learner, 1.0)
     with writer_lock(tmp_path / "l", "add-task"):
         learner.save(tmp_path / "l")  # a writer removes the rest

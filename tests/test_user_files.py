@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_learner import fake_step, tree
+from test_learner import ZOO_V1, fake_step, tree
 from test_store_cli import SMALL, invoke, refused
 
 from sbcli.errors import LearnerError
@@ -47,11 +47,37 @@ def test_a_learner_copy_with_a_users_file_beside_it_is_not_a_leftover(learner, o
     assert (tmp / "notes.txt").read_text() == "mine"
 
 
-def test_what_an_interrupted_save_left_is_still_removed(learner, one_task_learner):
-    shutil.copytree(one_task_learner, learner.parent / ".L.old-4242")
-    (learner.parent / ".L.tmp-abcd").mkdir()
+def test_what_an_interrupted_save_of_0_1_left_is_still_removed(learner):
+    shutil.copytree(ZOO_V1, learner.parent / ".L.old-4242")  # 0.1 wrote format 1 under these exact names
+    shutil.copytree(ZOO_V1, learner.parent / ".L.tmp-k3_9xq0a")
+    (learner.parent / ".L.tmp-zzzzzzzz").mkdir()  # cut short before its first file
     add_step(learner)
     assert sorted(p.name for p in learner.parent.iterdir()) == ["L"]
+
+
+def test_add_task_never_deletes_a_users_learner_copy_named_like_an_old_save(learner, color_data, caplog):
+    """A full learner copy the user named ``.L.old-copy`` (or ``.L.old-1234``, or a ``.L.tmp-*`` one,
+    a learner of today's format: 0.1 never wrote those) survives `sb add-task` byte for byte."""
+    copies = [learner.parent / name for name in (".L.old-copy", ".L.old-1234", ".L.tmp-abcdefgh", ".L.old-0042")]
+    for copy in copies:
+        shutil.copytree(learner, copy)
+    v1_copy = learner.parent / ".L.old-007"  # a format-1 learner, but not a name 0.1 gave (a pid has no leading 0)
+    shutil.copytree(ZOO_V1, v1_copy)
+    before = {copy: tree(copy) for copy in [*copies, v1_copy]}
+    with caplog.at_level(logging.INFO):
+        res = invoke("add-task", learner, color_data["task2_train"], "--test", color_data["task2_test"], "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    assert {copy: tree(copy) for copy in before} == before
+    assert "Removed" not in caplog.text and f"{learner.parent / '.L.old-copy'} beside L alone" in caplog.text
+
+
+def test_a_users_copy_is_never_moved_into_a_missing_learners_place(tmp_path, one_task_learner):
+    copy = tmp_path / ".L.old-copy"
+    shutil.copytree(one_task_learner, copy)
+    before = tree(copy)
+    with pytest.raises(LearnerError, match="No learner"):
+        Learner.load(tmp_path / "L")
+    assert tree(copy) == before and not (tmp_path / "L").exists()
 
 
 def test_a_users_step_named_folder_inside_a_learner_is_never_deleted(learner):

@@ -19,7 +19,7 @@ import typer
 from rich.markup import escape
 
 from sbcli.cli.console import console
-from sbcli.errors import SbcliError
+from sbcli.errors import CommittedInterrupt, SbcliError
 
 ERR = console(stderr=True)
 INTERRUPTED = 130  # what shells report for a command stopped by Ctrl-C
@@ -82,6 +82,10 @@ def _is_typer_control(err: BaseException) -> bool:
 
 def report(err: BaseException) -> int:
     """Print ``err`` as one line on stderr; the exit code to use."""
+    if isinstance(err, CommittedInterrupt):  # the learner holds the new step: "Interrupted." alone would say otherwise
+        ERR.print(f"[bold yellow]Interrupted after the save:[/] {escape(str(err))}; nothing of it was lost.",
+                  highlight=False, soft_wrap=True)
+        return INTERRUPTED
     if isinstance(err, KeyboardInterrupt):
         ERR.print("[bold red]Interrupted.[/]", highlight=False)
         return INTERRUPTED

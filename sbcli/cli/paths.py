@@ -6,6 +6,7 @@ later; what needs reading (a learner's JSON, the images) is still checked where 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from sbcli.errors import ConfigError, DataError, LearnerError
@@ -14,10 +15,15 @@ STATE_FILE = "learner.json"  # sbcli.learner.store.layout.STATE_FILE (that modul
 BENCHMARKS = ("demo", "cifar10", "cifar100", "tiny-imagenet")  # sbcli.data.catalog.BENCHMARKS
 
 
+# The names sbcli 0.1's save gave its folders (sbcli.learner.store.legacy, which checks what they hold too)
+LEFT_BY_0_1 = re.compile(r"(old-[1-9][0-9]{0,6}|tmp-[a-z0-9_]{8})")
+
+
 def _interrupted_save_beside(path: Path) -> bool:
-    """An interrupted save of sbcli 0.1 left ``.NAME.tmp-*`` or ``.NAME.old-*`` beside ``path`` (recovered on open)."""
-    parent = path.parent
-    return parent.is_dir() and (any(parent.glob(f".{path.name}.tmp-*")) or any(parent.glob(f".{path.name}.old-*")))
+    """An interrupted save of sbcli 0.1 may have left ``.NAME.tmp-XXXXXXXX`` or ``.NAME.old-<pid>`` beside
+    ``path`` (recovered on open, when it holds what that save wrote)."""
+    parent, prefix = path.parent, f".{path.name}."
+    return parent.is_dir() and any(LEFT_BY_0_1.fullmatch(p.name[len(prefix):]) for p in parent.glob(prefix + "*"))
 
 
 def learner(path: Path) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from sbcli.atomic import current_umask
+from sbcli.atomic import current_umask, staging
 from sbcli.errors import ConfigError, ExportError
 from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, export_onnx, ort_session
 from sbcli.learner.state import Learner
@@ -167,8 +167,9 @@ def export_int8(learner: Learner, out: Path, cfg: Int8Config | None = None, onnx
     out = Path(out)
     calibration, source = calibration_images(learner, cfg.calibration_images)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{out.name}.", dir=out.parent) as work:
-        float_path, int8_path = Path(work) / "float.onnx", Path(work) / "int8.onnx"
+    with staging(out, "int8") as work:  # a SIGKILLed export's folder is removed by the next writer beside it
+        work.mkdir()
+        float_path, int8_path = work / "float.onnx", work / "int8.onnx"
         float_report = export_onnx(learner, float_path, onnx_cfg)
         quantize(float_path, int8_path, calibration)
         result = _evaluate(learner, float_path, int8_path, calibration)

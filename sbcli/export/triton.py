@@ -24,14 +24,12 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sbcli.atomic import current_umask
+from sbcli.atomic import staging
 from sbcli.data.names import name_bytes
 from sbcli.errors import ConfigError, ExportError
 from sbcli.export.onnx import INPUT_NAME, OUTPUT_NAME, OnnxConfig, OnnxReport, export_onnx
@@ -123,9 +121,8 @@ def export_triton(learners: Learner | Iterable[Learner], repository: Path, onnx_
     if final.exists():
         raise ExportError(f"{final} already exists; remove it or give another -o repository.")
     repository.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=repository))
-    try:
-        os.chmod(work, 0o777 & ~current_umask())  # mkdtemp makes 0700; follow the umask like mkdir does
+    with staging(final, "triton") as work:  # a SIGKILLed export's folder is removed by the next export here
+        work.mkdir()  # mode from the umask, like the model folder it becomes
         versions, counts, last = [], set(), None
         for learner in steps:
             names = learner.state.class_names
@@ -144,7 +141,5 @@ def export_triton(learners: Learner | Iterable[Learner], repository: Path, onnx_
         classes = len(names) if len(counts) == 1 else -1
         (work / CONFIG_FILE).write_text(config_text(name, image_size, classes, cfg), encoding="utf-8")
         os.rename(work, final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     onnx_report = OnnxReport(**{**report.__dict__, "path": final / str(versions[-1]) / MODEL_FILE})
     return TritonReport(repository, final, name, onnx_report, tuple(versions))

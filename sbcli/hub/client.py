@@ -20,6 +20,8 @@ Every client error becomes an :class:`~sbcli.errors.SbcliError` with one sentenc
 
 from __future__ import annotations
 
+import logging
+import os
 import re
 import shutil
 import tempfile
@@ -30,6 +32,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sbcli.errors import ConfigError, ExportError, SbcliError
+
+LOG = logging.getLogger(__name__)
 
 HUB_HINT = 'install the Hub extra: pip install "sbcli[hub]"'
 REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -73,11 +77,50 @@ class Snapshot:
     from_cache: bool  # True when the Hub was not asked (offline) or did not answer
 
 
+def is_repo_id(repo_id: object) -> bool:
+    """``owner/name`` with the Hub's characters and no '..'."""
+    return isinstance(repo_id, str) and bool(REPO_ID.fullmatch(repo_id)) and ".." not in repo_id
+
+
 def check_repo_id(repo_id: str) -> str:
     """``owner/name`` with the Hub's characters; raises ConfigError otherwise."""
-    if not REPO_ID.fullmatch(repo_id) or ".." in repo_id:
+    if not is_repo_id(repo_id):
         raise ConfigError(f"'{repo_id}' is not a Hub repository id; write it as OWNER/NAME (letters, digits, '-', '_', '.').")
     return repo_id
+
+
+COMMIT = re.compile(r"[0-9a-f]{40}")
+# A branch or tag name the Hub accepts, and nothing a path could be built from that leaves its folder:
+# parts of letters, digits, '.', '_', '-' (none starting with '.', none ending in '.lock'), joined by '/'.
+REF_PART = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9._-]*")
+MAX_REVISION = 255
+
+
+def revision_problem(revision: str) -> str | None:
+    """Why ``revision`` is not a commit hash, a branch or a tag name (None when it is one)."""
+    if not isinstance(revision, str) or not revision:
+        return "it is empty"
+    if len(revision.encode("utf-8", "surrogatepass")) > MAX_REVISION:
+        return f"it is longer than {MAX_REVISION} bytes"
+    if COMMIT.fullmatch(revision):
+        return None
+    if ".." in revision or "@{" in revision:
+        return "it holds '..' or '@{'"
+    parts = revision.split("/")
+    if any(not REF_PART.fullmatch(part) or part.endswith(".lock") for part in parts) or revision.endswith("."):
+        return ("it is not a commit hash nor a branch or tag name (letters, digits, '.', '_', '-' in parts "
+                "joined by '/', none empty or starting with '.')")
+    return None
+
+
+def check_revision(revision: str, where: str = "") -> str:
+    """``revision`` when it is a commit hash, a branch or a tag name; ConfigError (one sentence) otherwise,
+    before anything is asked of the Hub."""
+    problem = revision_problem(revision)
+    if problem is not None:
+        raise ConfigError(f"The revision {ascii(revision)}{where} cannot be used: {problem}; give a commit hash, "
+                          "a branch or a tag name, e.g. main or step-2.")
+    return revision
 
 
 def safe_relpath(name: str) -> PurePosixPath:
@@ -86,14 +129,20 @@ def safe_relpath(name: str) -> PurePosixPath:
     Raises:
         ExportError: an absolute path, a '..' or '.' part, a backslash, a drive letter or an empty part.
     """
-    path = PurePosixPath(name)
-    parts = name.split("/")
-    bad = (not name or name.startswith("/") or "\\" in name or "\0" in name or ":" in parts[0]
-           or any(p in ("", ".", "..") for p in parts))
-    if bad:
-        raise ExportError(f"The repository holds a file named '{name}', which would be written outside the target "
+    if not is_safe_name(name):
+        raise ExportError(f"The repository holds a file named {ascii(name)}, which would be written outside the target "
                           "directory; nothing was downloaded. Do not use this repository.")
-    return path
+    return PurePosixPath(name)
+
+
+def is_safe_name(name: object) -> bool:
+    """A relative POSIX path that stays inside the folder it is joined to: no absolute path, no '..' or '.'
+    or empty part, no backslash, no drive letter, no control character."""
+    if not isinstance(name, str) or not name:
+        return False
+    parts = name.split("/")
+    return not (name.startswith("/") or "\\" in name or ":" in parts[0] or any(p in ("", ".", "..") for p in parts)
+                or any(ord(c) < 32 or ord(c) == 127 for c in name))
 
 
 def hub() -> Any:
@@ -294,21 +343,55 @@ def fetch(repo_id: str, revision: str | None, cfg: HubConfig, wanted: list[str] 
             a Hub that does not answer when nothing is cached.
     """
     check_repo_id(repo_id)
-    revision = revision or "main"
+    revision = check_revision(revision or "main")
+    for name in wanted or []:
+        safe_relpath(name)
     if is_offline(cfg):
         return _from_cache(repo_id, revision, cfg, wanted, reason="HF_HUB_OFFLINE is set", fill=fill)
     api = client(cfg)
     info, unreachable = repo_info(api, repo_id, revision, cfg)
     if info is None:
         return _from_cache(repo_id, revision, cfg, wanted, reason=unreachable, fill=fill)
+    commit = _commit_of(info, repo_id, revision)
     names = [s.rfilename for s in info.siblings or []]
     files = _select(names, wanted, repo_id, revision)
+    hf = hub()
+    # Pinned to the commit checked above: the client asks no second time (a server could answer otherwise),
+    # and fetches exactly the checked names, whatever a later listing holds.
+    pinned = hf.ResolvedRevision(resolved=commit, initial=revision, repo_id=repo_id)
     with hub_errors("download", repo_id, cfg, revision, api):
-        folder = Path(hub().snapshot_download(repo_id, revision=revision, endpoint=cfg.endpoint, token=cfg.token,
-                                              allow_patterns=_patterns(wanted), etag_timeout=cfg.timeout))
-    if folder.name != info.sha:
+        folder = Path(hf.snapshot_download(repo_id, revision=pinned, endpoint=cfg.endpoint, token=cfg.token,
+                                           allow_patterns=_patterns(wanted if wanted is not None else names), etag_timeout=cfg.timeout))
+    if folder.name != commit:
         raise ExportError(f"{repo_id}@{revision} changed while it was downloading; pull again.")
-    return Snapshot(folder, repo_id, revision, info.sha, files, from_cache=False)
+    _remember_ref(folder, revision, commit)
+    return Snapshot(folder, repo_id, revision, commit, files, from_cache=False)
+
+
+def _commit_of(info: Any, repo_id: str, revision: str) -> str:
+    """The commit id the Hub answered, checked to be one (cache folders are named by it)."""
+    sha = getattr(info, "sha", None)
+    if not isinstance(sha, str) or not COMMIT.fullmatch(sha):
+        raise ExportError(f"The Hub answered {ascii(sha)} as the commit of {repo_id}@{revision}, which is not a commit id; "
+                          "nothing was downloaded. Do not use this server.")
+    return sha
+
+
+def _remember_ref(snapshot: Path, revision: str, commit: str) -> None:
+    """The cache's ``refs/REVISION`` file (what an offline pull by branch or tag name reads), written by
+    sbcli from checked names (the download was pinned to the commit, so the client did not write it)."""
+    if revision == commit:
+        return
+    ref = snapshot.parent.parent / "refs" / revision  # a checked revision: inside refs/
+    try:
+        ref.parent.mkdir(parents=True, exist_ok=True)
+        if not ref.is_file() or ref.read_text() != commit:
+            tmp = ref.with_name(f"{ref.name}.{os.getpid()}.tmp")
+            tmp.write_text(commit)
+            os.replace(tmp, ref)
+    except OSError as err:  # best effort, as the client does: a read-only cache only costs offline pulls by name
+        LOG.warning("Could not note %s's commit in the Hub cache (%s); an offline pull by that name will not find it.",
+                    revision, err.strerror or err)
 
 
 def repo_info(api: Any, repo_id: str, revision: str, cfg: HubConfig) -> tuple[Any, str]:
@@ -353,6 +436,9 @@ def _from_cache(repo_id: str, revision: str, cfg: HubConfig, wanted: list[str] |
     except (errors.LocalEntryNotFoundError, errors.IncompleteSnapshotError, FileNotFoundError) as err:
         raise ExportError(f"{repo_id}@{revision} is not in the local cache and the Hub cannot be used ({reason}); "
                           f"check the network and HF_ENDPOINT, or {fill}.") from err
+    if not COMMIT.fullmatch(folder.name):
+        raise ExportError(f"The local cache of {repo_id}@{revision} names {ascii(folder.name)} as its commit, which is "
+                          "not a commit id; remove that cache entry and pull again while online.")
     names = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     files = _select(names, wanted, repo_id, revision)
     return Snapshot(folder, repo_id, revision, folder.name, files, from_cache=True)

@@ -180,7 +180,7 @@ def _local(ref: str) -> tuple[Path, dict[str, Any]]:
 
 
 def _from_hub(ref: str, hub_cfg: Any) -> tuple[Path, dict[str, Any]]:
-    from sbcli.hub.client import HubConfig, check_repo_id, client, fetch, is_offline, repo_info
+    from sbcli.hub.client import HubConfig, check_repo_id, check_revision, client, fetch, is_offline, repo_info
 
     repo, at, revision = ref.partition("@")
     if not repo or (at and not revision):
@@ -188,7 +188,7 @@ def _from_hub(ref: str, hub_cfg: Any) -> tuple[Path, dict[str, Any]]:
                           "e.g. timm/resnet18.a1_in1k.")
     check_repo_id(repo)
     cfg = hub_cfg or HubConfig()
-    revision = revision or "main"
+    revision = check_revision(revision or "main", " of --pretrained")
     info = None
     if not is_offline(cfg):  # look before downloading: a repository with only a pickle is refused here
         info, _unreachable = repo_info(client(cfg), repo, revision, cfg)  # None: no answer, the cache may have it

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sbcli.atomic import staging
 from sbcli.errors import ConfigError, ExportError, LearnerError
-from sbcli.hub.client import HubConfig, check_repo_id, copy_files, evict_cached, fetch, safe_relpath
+from sbcli.hub.client import HubConfig, check_repo_id, check_revision, copy_files, evict_cached, fetch, safe_relpath
 from sbcli.hub.zoo import ZooEntry, ZooIndex, hash_error, load_index, mismatched_files
 from sbcli.learner.store.outputs import check_output_dir
 
@@ -44,6 +43,8 @@ def parse_ref(text: str) -> Ref:
         raise ConfigError(f"'{text}' is not NAME[@REVISION]; e.g. demo-sb-tiny or user/my-learner@step-2.")
     if "/" in name:
         check_repo_id(name)
+    if revision:
+        check_revision(revision)
     return Ref(name, revision or None)
 
 
@@ -149,9 +150,8 @@ def install(source: Source, target: Path) -> tuple[list[str], dict[str, Any]]:
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise LearnerError(f"{target} already exists; pull into another directory with -o, or remove it first.")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = staging_folder(target)
-    tmp.mkdir()  # mode from the umask (mkdtemp would make the pulled learner 0700)
-    try:
+    with staging(target, "pull") as tmp:  # a SIGKILLed pull's folder is removed by the next pull beside it
+        tmp.mkdir()  # mode from the umask (mkdtemp would make the pulled learner 0700)
         copy_files(source.folder, source.files, tmp)
         bad = mismatched_files(tmp, source.expected)
         if bad:
@@ -160,15 +160,7 @@ def install(source: Source, target: Path) -> tuple[list[str], dict[str, Any]]:
             raise ExportError(hash_error(bad, source.origin))
         inside = _check_learner(tmp, source.origin, bool(source.expected))
         move_into_place(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     return sorted(source.expected), inside
-
-
-def staging_folder(target: Path) -> Path:
-    """The path of a new hidden folder beside ``target``, where a pull assembles what it installs."""
-    return target.parent / f".{target.name}.pull-{os.getpid()}-{secrets.token_hex(4)}"
 
 
 def move_into_place(tmp: Path, target: Path) -> None:

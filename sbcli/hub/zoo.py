@@ -31,6 +31,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sbcli.errors import ConfigError, UnknownNameError
+from sbcli.hub.client import is_repo_id, is_safe_name, revision_problem
 
 ZOO_DIRS = (Path(__file__).resolve().parents[1] / "_zoo", Path(__file__).resolve().parents[2] / "zoo")
 INDEX_FILE = "index.toml"
@@ -161,6 +162,12 @@ def _entry_problem(entry: ZooEntry) -> str:
         return "is unpublished but lists files, a revision or a target"
     if entry.kind == "hub" and not entry.revision:
         return "is on the Hub but names no revision"
+    if entry.kind == "hub" and not is_repo_id(entry.target):
+        return f"has location {ascii(entry.location)}, whose repository is not OWNER/NAME"
+    if entry.kind == "hub" and revision_problem(entry.revision) is not None:
+        return f"names the revision {ascii(entry.revision)}: {revision_problem(entry.revision)}"
+    if not all(isinstance(n, str) and is_safe_name(n) for n in entry.files):
+        return "lists a file name that would leave the learner's folder (absolute, '..', a backslash or a control character)"
     if entry.kind == "bundled" and not entry.files:
         return "is bundled but lists no file hashes"
     if entry.kind != "unpublished" and not isinstance(entry.class_order, list):

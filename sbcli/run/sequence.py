@@ -42,6 +42,7 @@ from sbcli.learner import preflight, validate
 from sbcli.learner.records import MemorySettings, Provenance, TaskRecord
 from sbcli.learner.state import Learner, LearnerState, read_state
 from sbcli.learner.store import legacy
+from sbcli.learner.store.commit import after_commit
 from sbcli.learner.store.lock import writer_lock
 from sbcli.learner.store.outputs import check_output_dir
 from sbcli.learner.validate import MAX_WIDTH
@@ -343,8 +344,10 @@ def save_from_main(learner: Learner, out: Path, keep: int | None = None) -> None
         [memory.images, memory.labels, learner.extra], group)
     if group.is_main:
         learner.save(out, keep)
-        write_results(learner.state, out)
-    distributed.barrier(group)
+        with after_commit(out, learner.state.steps):  # Ctrl-C from here on: the step is saved, say so
+            write_results(learner.state, out)
+    with after_commit(out, learner.state.steps):
+        distributed.barrier(group)
 
 
 def empty_like(like: ImageSet) -> ImageSet:

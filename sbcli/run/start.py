@@ -16,14 +16,14 @@ from, no features worth keeping), so it is refused.
 from __future__ import annotations
 
 import dataclasses
-import shutil
 from pathlib import Path
 
+from sbcli.atomic import staging
 from sbcli.config.options import RunOptions, own_data_options
 from sbcli.errors import ConfigError
 from sbcli.hub.client import HubConfig
 from sbcli.hub.pretrained import PretrainedWeights
-from sbcli.hub.pull import PullReport, contents, move_into_place, staging_folder
+from sbcli.hub.pull import PullReport, contents, move_into_place
 from sbcli.hub.zoo import BACKBONE_FILE, ZooEntry, ZooIndex
 from sbcli.learner import preflight
 from sbcli.learner.state import Learner
@@ -86,13 +86,9 @@ def pull_backbone(entry: ZooEntry, index: ZooIndex, revision: str | None, target
     check_run(run)  # the recipe's settings, before any download
     weights = load_weights(run, hub_cfg)  # fetched and checked against the entry's SHA-256 before anything is written
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = staging_folder(target)
-    try:
+    with staging(target, "pull") as tmp:  # a SIGKILLed pull's folder is removed by the next pull beside it
         learner = start_learner(run, tmp, image_size=seq.image_size, weights=weights)
         move_into_place(tmp, target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp)
     record = learner.state.provenance.pretrained or {}
     notes = [f"this learner has no classes yet: `sb add-task {target} FOLDER --test FOLDER` learns the first ones "
              f"({entry.method} + {entry.inference} on the frozen {entry.network} at {learner.state.image_size} px)"]

@@ -10,7 +10,7 @@ crash after it leaves the new one naming files already on disk. What a crash lea
 readers ignore it.
 
 The caller holds the writer lock (:func:`sbcli.learner.store.lock.writer_lock`). A writer deletes only
-what a save provably wrote (:func:`is_step_folder`, :func:`written_by_a_save`, :func:`only_leftovers`):
+what a save provably wrote (:func:`is_step_folder`, :func:`only_leftovers`):
 a folder of the user's own that happens to have such a name is left alone and named; and never
 through a symbolic link (every deleting function runs right after the learner was checked for links).
 The hash of every file a step names is computed here, from the bytes written (:func:`digest_bytes`).
@@ -27,10 +27,11 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sbcli.errors import LearnerError
+from sbcli.errors import CommittedInterrupt, LearnerError
 from sbcli.learner.store.layout import (
     CHUNK,
     FORMAT_VERSION,
@@ -139,7 +140,8 @@ def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], ke
     except OSError as err:
         raise LearnerError(f"Could not save the learner at {root} ({err.strerror or err}: {err.filename or root}); "
                            "the learner there is unchanged; free space or fix the permissions and run again.") from err
-    remove_unreferenced(root, _referenced(kept))
+    with after_commit(root, step):
+        remove_unreferenced(root, _referenced(kept))
 
 
 def write_flat(folder: Path, payload: dict[str, bytes], state: dict[str, Any]) -> None:
@@ -232,9 +234,21 @@ def switch(root: Path, document: dict[str, Any]) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink()
         raise
-    checkpoint("rename:" + STATE_FILE)
-    fsync_dir(root)
-    checkpoint("fsync:root")
+    with after_commit(root, len(document["history"])):
+        checkpoint("rename:" + STATE_FILE)
+        fsync_dir(root)
+        checkpoint("fsync:root")
+
+
+@contextlib.contextmanager
+def after_commit(root: Path, step: int) -> Iterator[None]:
+    """A Ctrl-C in the block (after the commit) says that the step is committed, not merely "interrupted"."""
+    try:
+        yield
+    except CommittedInterrupt:
+        raise
+    except KeyboardInterrupt as err:
+        raise CommittedInterrupt(root, step) from err
 
 
 def remove_leftovers(root: Path, stored: Stored | None) -> None:
@@ -285,12 +299,6 @@ def _remove_steps(root: Path, referenced: set[str], point: str) -> None:
     fsync_dir(steps)
 
 
-# What a learner directory's root may hold besides the steps: its state, the writer lock, the files
-# rewritten after every step (sbcli.run.results), a published learner's card and its one step's files.
-ROOT_FILES = frozenset({STATE_FILE, LOCK_FILE, LOCK_INFO, "history.csv", "accuracy.png", "README.md",
-                        *(name for _, name, _ in STEP_FILES)})
-
-
 def _plain_file(path: Path) -> bool:
     return path.is_file() and not path.is_symlink()
 
@@ -327,20 +335,3 @@ def only_leftovers(folder: Path) -> bool:
 def _store_file(name: str) -> bool:
     """The lock, its note (and the note's temporary while it is replaced), a temporary learner.json."""
     return name == LOCK_FILE or name.startswith((LOCK_INFO, TMP_PREFIX))
-
-
-def written_by_a_save(folder: Path) -> bool:
-    """``folder`` holds nothing but what a save of sbcli writes: no entry, or a learner's files alone.
-
-    An interrupted save of sbcli 0.1 left such folders beside a learner (``.L.tmp-*``, ``.L.old-*``);
-    a folder of that name holding anything else (a user's backup, photos) is not one, and is never deleted.
-    """
-    if not folder.is_dir() or folder.is_symlink():
-        return False
-    for entry in folder.iterdir():
-        if entry.name == STEPS_DIR:
-            if not is_steps_tree(entry):
-                return False
-        elif not ((entry.name in ROOT_FILES or entry.name.startswith(TMP_PREFIX)) and _plain_file(entry)):
-            return False
-    return True
