@@ -68,5 +68,5 @@ def _record_state(learner: Path, state: dict) -> None:
     rel = files.get("state") if isinstance(files, dict) else None
     if not isinstance(rel, str) or not (learner / rel).is_file():
         return
-    record = {k: v for k, v in state.items() if k not in ("files", "kept_steps", "keep", "hashes")}
+    record = {k: v for k, v in state.items() if k not in ("files", "kept_steps", "keep", "hashes", "objects")}
     (learner / rel).write_text(json.dumps(record, indent=2, allow_nan=True) + "\n")

@@ -276,7 +276,7 @@ def relabelled(learner: Path, tmp_path: Path, names: list[str]) -> Path:
     state["history"] = [state["history"][0]] * steps
     state["kept_steps"] = {str(steps): state["files"]}  # format 2: the current step names its files
     state["hashes"] = {rel: state["hashes"][rel] for rel in state["files"].values()}  # and only its files' hashes
-    record = {k: v for k, v in state.items() if k not in ("files", "kept_steps", "keep", "hashes")}
+    record = {k: v for k, v in state.items() if k not in ("files", "kept_steps", "keep", "hashes", "objects")}
     raw = json.dumps(record).encode()  # the step's own record says the same (learner.json must agree with it)
     (copy_dir / state["files"]["state"]).write_bytes(raw)
     state["hashes"][state["files"]["state"]] = {"sha256": hashlib.sha256(raw).hexdigest(), "size": len(raw)}

@@ -78,7 +78,7 @@ def test_save_load_round_trip(learner_dir, tmp_path):
 
 def test_learner_json_records_what_the_design_asks(learner_dir):
     state = json.loads((learner_dir / "learner.json").read_text())
-    assert state["format_version"] == FORMAT_VERSION == 3 and state["arch"] == "resnet18" and state["image_size"] == 16
+    assert state["format_version"] == FORMAT_VERSION == 4 and state["arch"] == "resnet18" and state["image_size"] == 16
     assert sorted(state["class_names"]) == ["green", "red"]
     assert state["class_task"] == [0, 0]
     assert set(state["normalization"]) == {"mean", "std"}
@@ -88,7 +88,7 @@ def test_learner_json_records_what_the_design_asks(learner_dir):
         "model": "steps/0001/model.safetensors", "memory": "steps/0001/memory.safetensors", "state": "steps/0001/state.json",
         "test_sample": "steps/0001/test-sample.safetensors"}
     step_state = json.loads((learner_dir / "steps/0001/state.json").read_text())
-    assert step_state == {k: v for k, v in state.items() if k not in ("files", "kept_steps", "keep", "hashes")}
+    assert step_state == {k: v for k, v in state.items() if k not in ("files", "kept_steps", "keep", "hashes", "objects")}
     # every named file is recorded with its SHA-256 and size, as it is on disk
     assert set(state["hashes"]) == set(state["files"].values())
     for rel, record in state["hashes"].items():
@@ -140,7 +140,7 @@ def test_format_1_is_read_and_the_next_save_writes_format_2_keeping_its_step(tmp
     fake_step(grown, 9.0)
     grown.save(copy)
     stored = json.loads((copy / "learner.json").read_text())
-    assert stored["format_version"] == 3 and sorted(stored["kept_steps"]) == ["2", "3"]
+    assert stored["format_version"] == 4 and sorted(stored["kept_steps"]) == ["2", "3"]
     assert not (copy / "model.safetensors").exists() and not (copy / "memory.safetensors").exists()
     old = Learner.load(copy, step=2)
     for key, value in v1.model.state_dict().items():

@@ -20,7 +20,7 @@ from sbcli.methods.base import MethodConfig
 from sbcli.metrics import StepMetrics
 
 ZOO_V1 = Path(__file__).resolve().parents[1] / "zoo" / "learners" / "demo-sb-tiny"
-STORAGE = ("files", "kept_steps", "keep", "hashes")
+STORAGE = ("files", "kept_steps", "keep", "hashes", "objects")
 
 
 @pytest.fixture(scope="module")

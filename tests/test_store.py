@@ -1,5 +1,6 @@
 """The commit point under a crash at every step of a save, the writer lock, rollback, leftovers."""
 
+import hashlib
 import json
 import os
 import signal
@@ -52,24 +53,46 @@ def base(one_task_learner) -> Path:
     return one_task_learner
 
 
-def two_steps(base: Path, target: Path) -> Learner:
-    """A learner with steps 1 and 2 (marked 1.0 and 2.0), keeping 2 steps, plus a crash's leftovers."""
+BLOCK_POINTS = {"write:object", "fsync:object", "fsync:objects", "delete:leftover-object", "delete:dropped-object"}
+
+
+def mark_blocks(learner: Learner, value: float) -> None:
+    """Two tensors large enough to be stored as blocks: one the same at every step, one marking the step."""
+    learner.extra["frozen"] = torch.arange(70_000, dtype=torch.float32)
+    learner.extra["changing"] = torch.full((70_000,), value)
+
+
+def two_steps(base: Path, target: Path, blocks: bool = False) -> Learner:
+    """A learner with steps 1 and 2 (marked 1.0 and 2.0), keeping 2 steps, plus a crash's leftovers
+    (with ``blocks``, tensors stored as blocks, one of them unchanged, and a leftover block)."""
     learner = Learner.load(base)
     with torch.no_grad():
         next(iter(learner.model.parameters())).view(-1)[0] = 1.0
+    if blocks:
+        mark_blocks(learner, 1.0)
     learner.save(target, keep=2)
     fake_step(learner, 2.0)
+    if blocks:
+        mark_blocks(learner, 2.0)
     learner.save(target)
     (target / "steps" / "0009").mkdir()  # an orphan step folder and a temporary of an interrupted save
     (target / "steps" / "0009" / "model.safetensors").write_bytes(b"half")
     (target / "learner.json.tmp-999999").write_text("{half")
+    if blocks:  # a block an interrupted save wrote half of, under the name of the next step's
+        (target / "objects" / hashlib.sha256(torch.full((70_000,), 3.0).numpy().tobytes()).hexdigest()).write_bytes(b"x")
     return learner
 
 
-def save_points(base: Path, tmp_path: Path, monkeypatch) -> list[str]:
+def next_step(learner: Learner, value: float, blocks: bool) -> None:
+    fake_step(learner, value)
+    if blocks:
+        mark_blocks(learner, value)
+
+
+def save_points(base: Path, tmp_path: Path, monkeypatch, blocks: bool = False) -> list[str]:
     """Every named point a save of step 3 passes, in order (with the leftovers to clean and a step to drop)."""
-    learner = two_steps(base, tmp_path / "probe")
-    fake_step(learner, 3.0)
+    learner = two_steps(base, tmp_path / "probe", blocks)
+    next_step(learner, 3.0, blocks)
     seen: list[str] = []
     monkeypatch.setattr(commit, "checkpoint", seen.append)
     learner.save(tmp_path / "probe")
@@ -77,48 +100,70 @@ def save_points(base: Path, tmp_path: Path, monkeypatch) -> list[str]:
     return seen
 
 
-def test_a_crash_at_every_point_of_a_save_leaves_a_complete_learner_old_or_new(base, tmp_path, monkeypatch):
-    points = save_points(base, tmp_path, monkeypatch)
+def named_paths(stored: dict) -> set[str]:
+    """Every file a learner.json names: the kept steps' files and their blocks."""
+    return ({rel for files in stored["kept_steps"].values() for rel in files.values()}
+            | {f"objects/{sha}" for blocks in stored.get("objects", {}).values() for sha in blocks})
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["inline", "blocks"])
+def test_a_crash_at_every_point_of_a_save_leaves_a_complete_learner_old_or_new(base, tmp_path, monkeypatch, blocks):
+    points = save_points(base, tmp_path, monkeypatch, blocks)
     assert {"write:model", "fsync:model", "write:memory", "fsync:memory", "write:state", "fsync:state",
             "fsync:step-dir", "fsync:steps", "write:learner.json.tmp", "fsync:learner.json.tmp",
             "rename:learner.json", "fsync:root", "delete:tmp", "delete:leftover-step", "delete:dropped-step"} <= set(points)
+    assert (BLOCK_POINTS <= set(points)) if blocks else not BLOCK_POINTS & set(points)
     committed_at = points.index("rename:learner.json")
     occurrences = Counter()
     for i, point in enumerate(points):
         occurrences[point] += 1
         target = tmp_path / f"crash-{i}"
-        learner = two_steps(base, target)
-        fake_step(learner, 3.0)
+        learner = two_steps(base, target, blocks)
+        next_step(learner, 3.0, blocks)
         crash_save(monkeypatch, learner, target, point, occurrences[point])
         after = Learner.load(target)  # a reader sees a complete learner at once
         expected = (3, 3.0) if i >= committed_at else (2, 2.0)
         assert (after.state.steps, marker(after)) == expected, point
+        if blocks:
+            assert float(after.extra["changing"][0]) == expected[1], point
         # the next writer cleans what the crash left and commits
-        fake_step(after, 4.0 if i >= committed_at else 3.0)
+        next_step(after, 4.0 if i >= committed_at else 3.0, blocks)
         after.save(target)
         stored = json.loads((target / "learner.json").read_text())
-        referenced = {rel for files in stored["kept_steps"].values() for rel in files.values()}
-        assert set(tree(target)) == referenced | {"learner.json"}, point
+        assert set(tree(target)) == named_paths(stored) | {"learner.json"}, point
         assert len(stored["kept_steps"]) == 2
+        if blocks:  # the unchanged tensor is one block named by both kept steps
+            shared = set(stored["objects"][min(stored["objects"])]) & set(stored["objects"][max(stored["objects"])])
+            assert len(shared) == 1, point
+            for step in stored["kept_steps"]:
+                Learner.load(target, step=int(step))  # every kept step reads, each block checked
 
 
-def test_a_killed_process_at_a_fault_point_leaves_the_old_learner(base, tmp_path):
+@pytest.mark.parametrize("blocks", [False, True], ids=["inline", "blocks"])
+def test_a_killed_process_at_a_fault_point_leaves_the_old_learner(base, tmp_path, blocks):
     target = tmp_path / "l"
-    two_steps(base, target)
+    two_steps(base, target, blocks)
     before = json.loads((target / "learner.json").read_text())
     script = textwrap.dedent(f"""
         import torch
         from sbcli.learner.state import Learner
         from test_learner import fake_step
+        from test_store import next_step
         learner = Learner.load({str(target)!r})
-        fake_step(learner, 3.0)
+        next_step(learner, 3.0, {blocks!r})
         learner.save({str(target)!r})
     """)
-    for point, expected_steps in (("fsync:learner.json.tmp", 2), ("fsync:root", 3)):
+    points = [("fsync:learner.json.tmp", 2), ("fsync:root", 3)]
+    if blocks:
+        points.insert(0, ("fsync:object", 2))
+    for point, expected_steps in points:
         env = {**os.environ, FAULT_ENV: point, "PYTHONPATH": os.pathsep.join(sys.path)}
         done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120, check=False)
         assert done.returncode == FAULT_EXIT, done.stderr[-2000:]
-        assert Learner.load(target).state.steps == expected_steps
+        after = Learner.load(target)
+        assert after.state.steps == expected_steps
+        if blocks:
+            assert float(after.extra["changing"][0]) == expected_steps
     assert before["kept_steps"]["2"] == json.loads((target / "learner.json").read_text())["kept_steps"]["2"]
 
 

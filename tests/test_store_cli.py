@@ -122,7 +122,7 @@ def test_a_pulled_learner_follows_the_umask_and_grows_into_format_2(tmp_path, co
     res = invoke("add-task", tmp_path / "p", color_data["task2_train"], "--device", "cpu", "--epochs", "1", "--keep", "1")
     assert res.exit_code == 0, res.output
     stored = json.loads((tmp_path / "p" / "learner.json").read_text())
-    assert stored["format_version"] == 3 and list(stored["kept_steps"]) == ["3"] and stored["keep"] == 1
+    assert stored["format_version"] == 4 and list(stored["kept_steps"]) == ["3"] and stored["keep"] == 1
     assert not (tmp_path / "p" / "model.safetensors").exists()
 
 

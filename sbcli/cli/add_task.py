@@ -35,7 +35,7 @@ A step uses the method and settings the learner records (a folder's default: STD
 negative weights clipped in every step, which kept 57 % of the old classes at step 2 instead of 25 %
 on 20 Tiny-ImageNet classes); --epochs, --warmup-epochs and --balance-epochs change them from here on.
 
-A learner of --method ranpac or simplecil (a frozen backbone) trains nothing: one pass of the backbone over the new images (the old test images' features are cached) and one solve. On a 2-core CPU, adding a 10th task of 5 classes at 32 px took 4.2 s with the ridge head and 50 s with S&B + WA at 30 epochs; 2 classes of 50 images at 224 px (a ResNet-18), 7.2 s and 271 s.
+A learner of --method ranpac or simplecil (a frozen backbone) trains nothing: one pass of the backbone over the new images (the old test images' features are cached) and one solve. Measured on a quiet 2-core CPU (medians; docs/lab/benchmarks.md, "Add-task time, side by side" and "Add-task time at 224 px"): `sb add-task ridge-learner tasks/task10/train --test tasks/task10/test --device cpu`, a 10th task of 5 Tiny-ImageNet-100 classes (1,000 training and 250 test images at 32 px) on a ResNet-18 x0.25 backbone, took 4.25 s with the ridge head and 49.7 s with S&B + WA at 30 epochs; `python benchmarks/add_task_speed.py --per-class 50 --test-per-class 20`, 2 CIFAR-10 classes (100 training and 40 test images at 224 px) on a full-width ResNet-18, 7.2 s and 270.6 s.
 """
 
 

@@ -46,6 +46,13 @@ class ImageSet:
             return cls(torch.zeros(0, 3, 1, 1, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), list(class_names))
         return cls(torch.cat([p.images for p in parts]), torch.cat([p.labels for p in parts]), list(class_names))
 
+    @classmethod
+    def labels_only(cls, labels: torch.Tensor, class_names: list[str]) -> ImageSet:
+        """A set whose pixels were streamed through a frozen backbone (:mod:`sbcli.data.stream`) and not kept:
+        images ``[N, 3, 0, 0]`` (no bytes), the labels as given. Only a step that takes precomputed features
+        (``TaskContext.features``) and keeps no exemplars is given one."""
+        return cls(torch.zeros(len(labels), 3, 0, 0, dtype=torch.uint8), labels.long(), list(class_names))
+
     def subset(self, keep: torch.Tensor) -> "ImageSet":
         """The images whose ``keep`` mask (bool [N]) or index tensor selects them."""
         return ImageSet(self.images[keep], self.labels[keep], list(self.class_names))

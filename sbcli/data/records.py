@@ -62,8 +62,10 @@ def display_name(record: dict) -> str:
     return public.get("dataset") or public["name"]
 
 
-def source_record(spec: dict, train: ImageSet | None, test: ImageSet | None, dataset: str | None = None) -> dict:
-    """The record of an opened spec: names and fingerprints, no path; ``dataset``: the name the user gave."""
+def source_record(spec: dict, train: ImageSet | Fingerprint | None, test: ImageSet | None,
+                  dataset: str | None = None) -> dict:
+    """The record of an opened spec: names and fingerprints, no path; ``dataset``: the name the user gave.
+    ``train`` may be the fingerprint itself, of a set that was streamed (:mod:`sbcli.data.stream`)."""
     record: dict = {"kind": spec["kind"], "name": source_name(spec)}
     shown = dataset_name(spec, dataset)
     if shown != record["name"]:
@@ -71,7 +73,7 @@ def source_record(spec: dict, train: ImageSet | None, test: ImageSet | None, dat
     if "image_size" in spec:
         record["image_size"] = spec["image_size"]
     if train is not None:
-        record["train"] = fingerprint(train).to_json()
+        record["train"] = (train if isinstance(train, Fingerprint) else fingerprint(train)).to_json()
     if test is not None:
         test_name = Path(spec["test"]).name if spec.get("test") else record["name"]
         record["test"] = {"name": test_name, **fingerprint(test).to_json()}
@@ -135,7 +137,8 @@ def same_source(stored: dict, current: dict) -> bool:
     return unnamed(stored) == unnamed(current)
 
 
-def remember_source(spec: dict, train: ImageSet | None, test: ImageSet | None, dataset: str | None = None) -> dict:
+def remember_source(spec: dict, train: ImageSet | Fingerprint | None, test: ImageSet | None,
+                    dataset: str | None = None) -> dict:
     """:func:`source_record`, and this machine remembers where the test set is
     (:mod:`sbcli.data.whereabouts`), so that ``sb evaluate`` finds it from any working directory."""
     record = source_record(spec, train, test, dataset)

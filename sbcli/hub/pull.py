@@ -181,8 +181,9 @@ def _check_learner(folder: Path, origin: str, zoo_verified: bool) -> dict[str, A
         read_state(folder)
         learner = Learner.load(folder, "cpu")  # reads and verifies the current step's files
         stored = open_stored(folder)
-        for rel in sorted(stored.referenced() - set(stored.files.values())):
-            stored.read(rel)  # the files of other kept steps, each verified in one pass
+        current = set(stored.files.values()) | {f"objects/{sha}" for sha in stored.step_blocks(stored.current)}
+        for rel in sorted(stored.referenced() - current):
+            stored.read(rel)  # the files and blocks of other kept steps, each verified in one pass
     except LearnerError as err:
         raise LearnerError(f"{origin} is not an sbcli learner ({str(err).replace(str(folder), 'the download')})") from err
     inside = contents(learner)

@@ -1,9 +1,10 @@
-"""Checks of the environment before training: a writable place with room for the save.
+"""Checks of the environment before training: a writable place with room for the save, memory for the images.
 
 A read-only directory or a full disk is reported before an hour of training, not after it:
 :func:`check_writable` creates (and removes) a probe file where the learner will be written, and
 :func:`check_free_space` compares the free bytes there with :func:`save_bytes`, an estimate of
-what one save writes (weights, exemplars, JSON) with a margin.
+what one save writes (weights, exemplars, JSON) with a margin. :func:`check_memory` refuses a step
+whose decoded images would not fit in the memory available, with its estimate, before any is decoded.
 """
 
 from __future__ import annotations
@@ -58,6 +59,34 @@ def check_free_space(directory: Path, need: int) -> None:
         raise LearnerError(f"Not enough free space for the learner at {directory}: a save needs about "
                            f"{_mib(need)} and {where} has {_mib(free)} free; free some space or choose another "
                            "place (nothing was trained).")
+
+
+def available_memory() -> int | None:
+    """The bytes of memory this machine can give without swapping (``MemAvailable``), or None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_memory(need: int, what: str) -> None:
+    """Refuse before any work when ``need`` bytes (``what`` holds them) exceed the memory available now.
+
+    Raises:
+        LearnerError: one sentence with the estimate, what is available, and what to do.
+    """
+    free = available_memory()
+    if free is not None and need > free:
+        raise LearnerError(f"{what[0].upper()}{what[1:]} would take about {_gib(need)} of memory and this machine has "
+                           f"{_gib(free)} available; add the classes in smaller tasks (fewer images a task) or run on "
+                           "a machine with more memory (nothing was learned).")
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
 
 
 def _mib(n: int) -> str:

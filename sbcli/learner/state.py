@@ -7,6 +7,7 @@
 | ``steps/NNNN/memory.safetensors`` | exemplar images (uint8, training resolution) and their labels |
 | ``steps/NNNN/test-sample.safetensors`` | the carried test sample: held-out test images of every class (``sbcli.learner.test_sample``) |
 | ``steps/NNNN/state.json`` | the state at that step (for ``--step N`` and ``sb rollback``) |
+| ``objects/<sha256>`` | blocks of the large tensors of the files above, each stored once for every step naming it |
 
 Saves go through :mod:`sbcli.learner.store.commit` (new files under new names, fsync, one rename of
 ``learner.json``), so a crash leaves the previous learner or the new one, never a mix; loads read
@@ -24,7 +25,6 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import save as safetensors_bytes
 
 from sbcli.data.device import Normalization
 from sbcli.engine.loop import TrainConfig
@@ -33,7 +33,7 @@ from sbcli.jsonutil import config_from_json
 from sbcli.learner import test_sample as carried_sample
 from sbcli.learner import validate
 from sbcli.learner.records import MemorySettings, Provenance, StepRecord, TaskRecord, TestSampleSettings
-from sbcli.learner.store import legacy
+from sbcli.learner.store import legacy, objects
 from sbcli.learner.store.commit import commit_step, write_flat
 from sbcli.learner.store.layout import FORMAT_VERSION, Stored, read_step, read_stored
 from sbcli.learner.test_sample import CarriedSample
@@ -148,7 +148,8 @@ class Learner:
             LearnerError: the save failed (a full disk, a permission); what was saved before is unchanged.
         """
         try:
-            commit_step(Path(path), self._payload(), self.state.to_json(), keep)
+            payload, blocks = self._payload()
+            commit_step(Path(path), payload, self.state.to_json(), keep, blocks)
         except (OSError, SafetensorError) as err:  # safetensors reports a full disk as its own error
             reason = f"{err.strerror}: {err.filename}" if isinstance(err, OSError) and err.strerror else str(err)
             raise LearnerError(f"Could not save the learner to {path} ({reason}); what was saved there before is "
@@ -156,18 +157,26 @@ class Learner:
 
     def publish(self, folder: Path) -> None:
         """Write the current step alone into the new folder ``folder``, files at the root (for the Hub)."""
-        write_flat(Path(folder), self._payload(), self.state.to_json())
+        payload, blocks = self._payload()
+        write_flat(Path(folder), payload, self.state.to_json(), blocks)
 
-    def _payload(self) -> dict[str, bytes]:
-        """The per-step files other than the state, as bytes (keys of ``sbcli.learner.store.layout.STEP_FILES``)."""
+    def _payload(self) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        """The per-step files other than the state, as bytes (keys of ``sbcli.learner.store.layout.STEP_FILES``),
+        and the content-addressed blocks they name (SHA-256 -> bytes: :mod:`sbcli.learner.store.objects`)."""
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
         tensors.update({EXTRA_PREFIX + k: v.detach().cpu().contiguous() for k, v in self.extra.items()})
         images, labels = self.memory.tensors()
-        payload = {"model": safetensors_bytes(tensors),
-                   "memory": safetensors_bytes({"images": images.contiguous(), "labels": labels.contiguous()})}
+        files = {"model": tensors, "memory": {"images": images.contiguous(), "labels": labels.contiguous()}}
         if self.test_sample is not None:
-            payload["test_sample"] = safetensors_bytes(self.test_sample.tensors())
-        return payload
+            files["test_sample"] = self.test_sample.tensors()
+        payload: dict[str, bytes] = {}
+        blocks: dict[str, bytes] = {}
+        for key, named in files.items():
+            cuts = {"images": objects.class_cuts(named["labels"])} if "labels" in named else None
+            stored = objects.split(named, cuts)
+            payload[key] = stored.data
+            blocks.update(stored.blocks)
+        return payload, blocks
 
     @classmethod
     def load(cls, path: Path, device: torch.device | str = "cpu", step: int | None = None) -> "Learner":
@@ -183,10 +192,10 @@ class Learner:
         legacy.recover(path)
         read = read_step(path, step)
         state = _parse_state(read.state, read.where)
-        tensors = validate.parse_safetensors(read.data["model"], read.path("model"))  # bytes checked, parsed without trust
+        tensors = read.tensors("model")  # bytes checked, parsed without trust
         validate.check_model_tensors(tensors, state, read.path("model"))  # before any network is built
         memory = ExemplarMemory(state.memory.budget, state.memory.selection, state.memory.seed)
-        kept = validate.parse_safetensors(read.data["memory"], read.path("memory"))
+        kept = read.tensors("memory")
         validate.check_memory_tensors(kept, state, read.path("memory"))
         if "images" not in kept or "labels" not in kept:
             raise LearnerError(f"{read.path('memory')} lacks images or labels; restore the learner from a copy.")
@@ -197,7 +206,7 @@ class Learner:
             if "test_sample" not in read.files:
                 raise LearnerError(f"learner.json of {read.root} records a test sample but names no file for it; "
                                    "restore the learner from a copy.")
-            sample = carried_sample.check(validate.parse_safetensors(read.data["test_sample"], read.path("test_sample")),
+            sample = carried_sample.check(read.tensors("test_sample"),
                                           state.test_sample.counts, state.num_classes, state.image_size,
                                           read.path("test_sample"))
         model = create_model(state.arch, state.num_classes, state.width)

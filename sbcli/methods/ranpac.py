@@ -10,8 +10,9 @@ and the head is the ridge solution ``W = (G + lambda I)^-1 Q`` (by Cholesky). Be
 sums, the head after any number of steps is exactly the joint ridge regression on every image seen,
 with no exemplar kept: nothing is forgotten, and ``sb add-task`` is one forward pass over the new
 images and one M x M solve. ``lambda`` (``--ridge``; default: chosen) is picked at every step on a
-held-back fifth of the new images (the grid RanPAC uses, 1e-8 .. 1e14, lowest squared error), then
-the head is solved on all of them. The scores are then scaled by one temperature fitted on the same
+held-back fifth of the new images (at most 2,000; the grid RanPAC uses, 1e-8 .. 1e14, lowest squared
+error), then the head is solved on all of them, its sums added 4,096 images at a time (so that memory
+does not grow with the number of images). The scores are then scaled by one temperature fitted on the same
 held-back images (lowest negative log-likelihood), so that the probabilities a user reads from
 ``sb predict`` mean what they say: the ridge scores themselves sit near 0 and 1, where a softmax is
 nearly uniform.
@@ -42,6 +43,8 @@ RIDGE_GRID = tuple(10.0**k for k in range(-8, 15))  # RanPAC's candidates
 HELD_BACK = 0.2  # of each step's new images, to choose lambda and the temperature
 TEMPERATURES = tuple(2.0**k for k in range(-5, 6))  # a handful of held-back images cannot justify sharper
 MAX_PROJECTION = 20_000  # G alone is M * M * 8 bytes: 3.2 GB at 20,000
+ROWS = 4096  # images projected at a time into the sums (H of 4,096 x 2,000 float64: 66 MB)
+MAX_HELD_BACK = 2000  # held-back images at most (kept projected to choose lambda and the temperature)
 
 
 @dataclass(frozen=True)
@@ -142,17 +145,32 @@ def choose_ridge(gram: torch.Tensor, targets: torch.Tensor, held_h: torch.Tensor
     return RIDGE_GRID[best]
 
 
-def held_back_split(labels: torch.Tensor, fraction: float, seed: int) -> torch.Tensor:
-    """A boolean mask of about ``fraction`` of each class's images (at least one left to fit on)."""
+def held_back_split(labels: torch.Tensor, fraction: float, seed: int, limit: int | None = None) -> torch.Tensor:
+    """A boolean mask of about ``fraction`` of each class's images (at least one left to fit on), at most
+    ``limit`` in all (shared evenly by the classes): what is held back is kept projected in memory."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     held = torch.zeros(len(labels), dtype=torch.bool)
-    for c in labels.unique():
+    classes = labels.unique()
+    per_class = None if limit is None else max(1, limit // max(1, len(classes)))
+    for c in classes:
         idx = (labels == c).nonzero().flatten()
         take = min(int(len(idx) * fraction), len(idx) - 1)
+        if per_class is not None:
+            take = min(take, per_class)
         held[idx[torch.randperm(len(idx), generator=gen)[:take]]] = True
     return held
+
+
+def accumulate_rows(gram: torch.Tensor, targets: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
+                    classes: int, projection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """G + H^T H and Q + H^T Y over ``features`` projected :data:`ROWS` at a time: the memory taken is one
+    chunk's H, whatever the number of images (one chunk, and the same bits as one product, up to ROWS)."""
+    for start in range(0, len(features), ROWS):
+        h = project(features[start:start + ROWS], projection)
+        gram, targets = accumulate(gram, targets, h, one_hot(labels[start:start + ROWS], classes))
+    return gram, targets
 
 
 # -- one step -----------------------------------------------------------------------------------
@@ -203,17 +221,18 @@ def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, cl
         the new state, the head [C, M] in float32 (temperature folded in), and what was chosen.
     """
     state = state.grown(classes)
-    h, y = project(features, state.projection), one_hot(labels, classes)
-    held = held_back_split(labels, HELD_BACK, seed)
+    held = held_back_split(labels, HELD_BACK, seed, MAX_HELD_BACK)
     chosen = ridge
     temperature = 1.0
     if held.any():
-        fit_g, fit_q = accumulate(state.gram, state.targets, h[~held], y[~held])
+        fit_g, fit_q = accumulate_rows(state.gram, state.targets, features[~held], labels[~held], classes,
+                                       state.projection)
+        held_h, held_y = project(features[held], state.projection), one_hot(labels[held], classes)
         if chosen is None:
-            chosen = choose_ridge(fit_g, fit_q, h[held], y[held])
-        temperature = fit_temperature(h[held] @ solve_ridge(fit_g, fit_q, chosen), labels[held], TEMPERATURES)
+            chosen = choose_ridge(fit_g, fit_q, held_h, held_y)
+        temperature = fit_temperature(held_h @ solve_ridge(fit_g, fit_q, chosen), labels[held], TEMPERATURES)
     chosen = chosen if chosen is not None else 1.0
-    gram, targets = accumulate(state.gram, state.targets, h, y)
+    gram, targets = accumulate_rows(state.gram, state.targets, features, labels, classes, state.projection)
     head = (solve_ridge(gram, targets, chosen) / temperature).T.float().contiguous()
     return RidgeState(state.projection, gram, targets), head, {"ridge": chosen, "temperature": temperature,
                                                               "held_back": int(held.sum())}
@@ -251,13 +270,14 @@ def _no_training(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
 
 @register_method("ranpac", Config, "a ridge-regression head on randomly projected frozen features (no training, "
                  "no exemplars, exact over steps)", plan=_no_training, first_plan=adapt_epochs,
-                 frozen_backbone=True, run_defaults=(("memory", 0),),
+                 frozen_backbone=True, run_defaults=(("memory", 0),), streams=True,
                  title="RanPAC: a ridge head on random projections of a frozen backbone (McDonnell et al., NeurIPS 2023)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     phases = adapt(ctx, cfg)
     start = time.perf_counter()
     new = ctx.data.labels >= ctx.num_old  # exemplars, if any were asked for, are not seen twice
-    features = ctx.engine.features(ctx.model, ctx.data.images[new]).cpu()
+    features = (ctx.features[new.cpu()] if ctx.features is not None  # streamed (sbcli.data.stream)
+                else ctx.engine.features(ctx.model, ctx.data.images[new])).cpu()
     labels = ctx.data.labels[new].cpu()
     state = (RidgeState.start(features.shape[1], cfg, ctx.seed) if ctx.num_old == 0
              else RidgeState.stored(ctx.extra, ctx.num_old))

@@ -17,10 +17,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sbcli.data import folder_classes
+import torch
+
+from sbcli.data import folder_classes, progress
 from sbcli.data.catalog import open_spec, relabel, resolve_spec
+from sbcli.data.fingerprint import Fingerprint
 from sbcli.data.imageset import ImageSet
 from sbcli.data.records import check_dataset_name, remember_source
+from sbcli.data.stream import FolderStream, StreamFingerprint
 from sbcli.engine import distributed
 from sbcli.engine.device import resolve_device
 from sbcli.engine.loop import Engine
@@ -34,11 +38,12 @@ from sbcli.methods.base import balance_epochs
 from sbcli.methods.memory import class_quotas
 from sbcli.run import banner, evalsets
 from sbcli.run.plan import announce_plan
-from sbcli.run.sequence import check_keep, empty_like, save_from_main
+from sbcli.run.sequence import check_keep, save_from_main
 from sbcli.run.steps import StepSummary, learn_step
 from sbcli.watch.watcher import WatcherLike, watchers_of
 
 PUBLISHED_FILES = ("README.md", "model.onnx")  # what an export or a pull leaves in a learner directory
+DECODED_COPIES = 3  # a decoded set, its relabelled copy and the training device's copy are alive at once
 
 
 @dataclass(frozen=True)
@@ -78,32 +83,65 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
                             data_root=None, download=False)
         if spec["kind"] != "folder":
             raise DataError(f"{folder} is not a class-per-folder directory; add-task takes one folder per new class.")
-        opened = open_spec(spec)
-        new = list(opened.train.class_names)
+        listed = FolderStream.scan(Path(spec["path"]), state.image_size)  # nothing decoded yet
+        trains = _trains(state, len(listed.class_names))
+        stream = listed if _streams(learner, trains) else None
+        if stream is None:
+            preflight.check_memory(DECODED_COPIES * listed.decoded_bytes(), f"the {len(listed):,} new images decoded "
+                                   f"at {state.image_size} px")
+        opened = open_spec(spec, train=stream is None)
+        new = list(listed.class_names)
         names = state.class_names + new
-        train_set = relabel(opened.train, names, new)  # labels in the learner's order
-        new_test = relabel(opened.test, names, new) if opened.test else empty_like(train_set)
-        trains = _trains(state, len(new))
-        start = banner.banner(len(new), len(opened.train), len(opened.test) if opened.test is not None else 0,
+        train_set = (relabel(opened.train, names, new) if stream is None  # labels in the learner's order
+                     else ImageSet.labels_only(listed.labels + state.num_classes, names))
+        no_images = ImageSet(torch.zeros(0, 3, state.image_size, state.image_size, dtype=torch.uint8),
+                             torch.zeros(0, dtype=torch.long), names)
+        new_test = relabel(opened.test, names, new) if opened.test else no_images
+        start = banner.banner(len(new), len(listed), len(opened.test) if opened.test is not None else 0,
                               state.image_size, banner.folder_sizes(Path(spec["path"])), f"{state.arch}, width x{state.width:g}",
                               state.train_config, dev, trains=trains, options=logged, epochs_before=before)
         preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
                                                                      state.image_size, state.memory.budget))
         old = evalsets.test_data(learner, opts.data_roots) if state.tasks else None
         parts = [p for p in (old.test if old else None, new_test) if p is not None and len(p)]
-        test_set = ImageSet.joined(parts, names) if parts else empty_like(train_set)
+        test_set = ImageSet.joined(parts, names) if parts else no_images
         published = [name for name in PUBLISHED_FILES if (learner_dir / name).is_file()]
-        record = TaskRecord(new, remember_source(spec, opened.train, opened.test, opts.name))
         watchers.on_start(start)  # step
         announce_plan(watchers, state, [*(state.class_task.count(t) for t in range(state.steps)), len(new)])
         engine = Engine(state.train_config, dev, learner.norm, state.seed * 1000 + state.steps, watchers)
-        step = learn_step(learner, train_set, test_set, new, engine, record)
+        features, seen = (None, opened.train) if stream is None else stream_features(stream, engine, learner.model)
+        record = TaskRecord(new, remember_source(spec, seen, opened.test, opts.name))
+        step = learn_step(learner, train_set, test_set, new, engine, record, features=features)
         evalsets.carry(learner, new_test, list(range(len(names) - len(new), len(names))), opts.test_sample)
         save_from_main(learner, learner_dir, keep)  # save
         notes = ([old.describe()] if old else []) + _published_notes(learner_dir, published, state.steps)
         summary = dataclasses.replace(step, notes=notes, state=state)
         watchers.on_step(summary)
         return summary
+
+
+def _streams(learner: Learner, trains: bool) -> bool:
+    """Whether the new images pass the backbone as a stream (never all decoded at once): a method that takes
+    precomputed features, at a step that trains nothing, for a learner that keeps no exemplars (whose
+    selection needs the pixels) and holds none out (``--val-fraction``)."""
+    state = learner.state
+    return (METHODS.get(state.method).streams and not trains and learner.memory.budget == 0
+            and state.train_config.val_fraction <= 0)
+
+
+def stream_features(stream: FolderStream, engine: Engine, model: torch.nn.Module) -> tuple[torch.Tensor, Fingerprint]:
+    """The pooled features [N, D] of every image of ``stream`` and the set's fingerprint, a batch at a time:
+    what is held at once is one decoded batch and the one decoded ahead of it, never the set."""
+    fingerprint = StreamFingerprint(stream.class_names, stream.labels)
+    features: list[torch.Tensor] = []
+    passed = progress.Counter(f"Decoding and passing the images in {stream.root} through the backbone", "images",
+                              len(stream))
+    for _first, images in stream.batches():
+        fingerprint.update(images)
+        features.append(engine.features(model, images))
+        passed.add(len(images))
+    passed.done()
+    return torch.cat(features), fingerprint.result()
 
 
 def _check(learner: Learner, where: Path, opts: AddTaskOptions, warmup_epochs: float | None) -> None:

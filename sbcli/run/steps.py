@@ -42,11 +42,14 @@ class StepSummary:
 
 
 def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: list[str], engine: Engine,
-               task_record: TaskRecord, seen_train: Callable[[], ImageSet] | None = None) -> StepSummary:
+               task_record: TaskRecord, seen_train: Callable[[], ImageSet] | None = None,
+               features: torch.Tensor | None = None) -> StepSummary:
     """Learn one task of ``new_classes`` (``train`` labels already in the learner's order).
 
     ``seen_train``, when the caller has them, returns the training images of every class seen so
-    far including the new ones (for the joint oracle).
+    far including the new ones (for the joint oracle). ``features``: the pooled features of ``train``'s
+    images, computed while they were streamed (``train`` then holds their labels alone,
+    :meth:`ImageSet.labels_only`), for a method that streams and a learner that keeps no exemplars.
     """
     start = time.perf_counter()
     state, step = learner.state, learner.state.steps
@@ -73,7 +76,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
                       evaluate=lambda: evaluate_learner(learner, engine, test),
                       make_aux_model=lambda n: create_model(state.arch, n, state.width).to(engine.device),
                       extra=dict(learner.extra), memory_budget=learner.memory.budget,
-                      align=not align_last, seed=state.seed)
+                      align=not align_last, seed=state.seed, features=features)
     result = method.learn_task(ctx, cfg)
     learner.extra.update(result.extra_state)
     metrics, network = _settle(learner, after_phases, result, train, test, balance, align_last, num_old,

@@ -36,8 +36,10 @@ from sbcli.learner.store.layout import (
     CHUNK,
     FORMAT_VERSION,
     HASHES_KEY,
+    HEX64,
     LOCK_FILE,
     LOCK_INFO,
+    OBJECTS_KEY,
     STATE_FILE,
     STEP_DIR,
     STEP_FILES,
@@ -49,6 +51,7 @@ from sbcli.learner.store.layout import (
     check_confined,
     read_stored,
 )
+from sbcli.learner.store.objects import OBJECTS_DIR, object_path
 
 LOG = logging.getLogger(__name__)
 FAULT_ENV = "SBCLI_FAULT_AT"
@@ -111,45 +114,84 @@ def state_bytes(state: dict[str, Any]) -> bytes:
     return (json.dumps(state, indent=2, allow_nan=True) + "\n").encode("utf-8")
 
 
-def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], keep: int | None = None) -> None:
+def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], keep: int | None = None,
+                blocks: dict[str, bytes] | None = None) -> None:
     """Write one step (``payload``: per-step key -> file bytes, without ``state``) and commit it.
 
-    ``state`` is the learner's state (its ``history`` gives the step number). ``keep`` limits the kept
-    steps to the last N (None: the learner's stored setting, all for a new learner). Kept steps after
-    this one (left by a rollback) are dropped.
+    ``blocks`` are the content-addressed blocks the step's files name (SHA-256 -> bytes,
+    :mod:`sbcli.learner.store.objects`); only those not already stored are written. ``state`` is the
+    learner's state (its ``history`` gives the step number). ``keep`` limits the kept steps to the last
+    N (None: the learner's stored setting, all for a new learner). Kept steps after this one (left by a
+    rollback) are dropped.
 
     Raises:
         LearnerError: the directory cannot be written (one sentence; the old learner stays as it was).
     """
     state = {**state, "format_version": FORMAT_VERSION}
     step = len(state["history"])
+    blocks = blocks or {}
     try:
         root.mkdir(parents=True, exist_ok=True)
         check_confined(root)  # also where no learner.json is yet: leftovers are deleted below
         old = read_stored(root) if (root / STATE_FILE).is_file() else None
         remove_leftovers(root, old)
         kept = {} if old is None else {n: f for n, f in _kept_after_migration(root, old).items() if n < step}
+        objects = {} if old is None else {n: b for n, b in old.objects.items() if n in kept}
+        write_blocks(root, blocks)
         step_payload = {**payload, "state": state_bytes(state)}
         kept[step] = write_step(root, step, step_payload)
+        objects[step] = tuple(sorted(blocks))
         known = {rel: digest_bytes(step_payload[key]) for key, rel in kept[step].items()}
+        known.update({object_path(sha): {"sha256": sha, "size": len(data)} for sha, data in blocks.items()})
         keep = keep if keep is not None else (old.keep if old is not None else None)
         if keep is not None:
             kept = {n: f for n, f in kept.items() if n > step - keep}
-        hashes = records_for(root, _referenced(kept), {**(old.hashes if old else {}), **known})
-        switch(root, {**state, "files": kept[step], "kept_steps": _kept_json(kept), "keep": keep, HASHES_KEY: hashes})
+            objects = {n: b for n, b in objects.items() if n in kept}
+        referenced = _referenced(kept, objects)
+        hashes = records_for(root, referenced, {**(old.hashes if old else {}), **known})
+        switch(root, {**state, "files": kept[step], "kept_steps": _kept_json(kept), "keep": keep,
+                      HASHES_KEY: hashes, OBJECTS_KEY: _objects_json(objects)})
     except OSError as err:
         raise LearnerError(f"Could not save the learner at {root} ({err.strerror or err}: {err.filename or root}); "
                            "the learner there is unchanged; free space or fix the permissions and run again.") from err
     with after_commit(root, step):
-        remove_unreferenced(root, _referenced(kept))
+        remove_unreferenced(root, referenced)
 
 
-def write_flat(folder: Path, payload: dict[str, bytes], state: dict[str, Any]) -> None:
-    """A one-step learner with its files at the root of a new folder (what a push uploads)."""
+def write_blocks(root: Path, blocks: dict[str, bytes]) -> None:
+    """Write the blocks not yet stored under ``objects/``, each fsynced, then the folder.
+
+    A block already there is one the committed ``learner.json`` names (the save removed every other
+    one first, :func:`remove_leftovers`), so it was written and synced before that commit.
+    """
+    if not blocks:
+        return
+    folder = root / OBJECTS_DIR
+    new_folder = not folder.is_dir()
+    folder.mkdir(exist_ok=True)
+    wrote = False
+    for sha in sorted(blocks):
+        if not (folder / sha).exists():
+            write_durable(folder / sha, blocks[sha], "object")
+            wrote = True
+    if wrote or new_folder:
+        fsync_dir(folder)
+        checkpoint("fsync:objects")
+    if new_folder:
+        fsync_dir(root)
+
+
+def write_flat(folder: Path, payload: dict[str, bytes], state: dict[str, Any],
+               blocks: dict[str, bytes] | None = None) -> None:
+    """A one-step learner with its files at the root of a new folder (what a push uploads), its blocks under
+    ``objects/``."""
     folder.mkdir(parents=True)
+    blocks = blocks or {}
     files, hashes = {}, {}
     state = {**state, "format_version": FORMAT_VERSION}
     payload = {**payload, "state": state_bytes(state)}  # hashed: learner.json must agree with it (Stored.check_agrees)
+    write_blocks(folder, blocks)
+    hashes.update({object_path(sha): {"sha256": sha, "size": len(data)} for sha, data in blocks.items()})
     for key, name, _required in STEP_FILES:
         if key in payload:
             write_durable(folder / name, payload[key], key)
@@ -157,7 +199,9 @@ def write_flat(folder: Path, payload: dict[str, bytes], state: dict[str, Any]) -
     step = len(state["history"])
     write_durable(folder / STATE_FILE, state_bytes({**state, "files": files,
                                                     "kept_steps": {str(step): files}, "keep": None,
-                                                    HASHES_KEY: hashes}), STATE_FILE)
+                                                    HASHES_KEY: dict(sorted(hashes.items())),
+                                                    OBJECTS_KEY: _objects_json({step: tuple(sorted(blocks))})}),
+                  STATE_FILE)
 
 
 def commit_pointer(root: Path, stored: Stored, step: int) -> None:
@@ -167,15 +211,22 @@ def commit_pointer(root: Path, stored: Stored, step: int) -> None:
     try:
         check_confined(root)  # nothing is deleted through a link, and the learner was read a while ago
         remove_leftovers(root, stored)
-        hashes = records_for(root, _referenced(stored.kept), stored.hashes)
+        hashes = records_for(root, _referenced(stored.kept, stored.objects), stored.hashes)
         switch(root, {**state, "format_version": FORMAT_VERSION, "files": files,
-                      "kept_steps": _kept_json(stored.kept), "keep": stored.keep, HASHES_KEY: hashes})
+                      "kept_steps": _kept_json(stored.kept), "keep": stored.keep, HASHES_KEY: hashes,
+                      OBJECTS_KEY: _objects_json(stored.objects)})
     except OSError as err:
         raise LearnerError(f"Could not write {root / STATE_FILE} ({err.strerror or err}); the learner is unchanged.") from err
 
 
-def _referenced(kept: dict[int, dict[str, str]]) -> set[str]:
-    return {rel for files in kept.values() for rel in files.values()}
+def _referenced(kept: dict[int, dict[str, str]], objects: dict[int, tuple[str, ...]]) -> set[str]:
+    """Every path the kept steps name: their files and their blocks."""
+    return ({rel for files in kept.values() for rel in files.values()}
+            | {object_path(sha) for n, blocks in objects.items() if n in kept for sha in blocks})
+
+
+def _objects_json(objects: dict[int, tuple[str, ...]]) -> dict[str, list[str]]:
+    return {str(n): list(objects[n]) for n in sorted(objects) if objects[n]}
 
 
 def _kept_json(kept: dict[int, dict[str, str]]) -> dict[str, dict[str, str]]:
@@ -256,7 +307,9 @@ def remove_leftovers(root: Path, stored: Stored | None) -> None:
     for tmp in root.glob(TMP_PREFIX + "*"):
         tmp.unlink()
         checkpoint("delete:tmp")
-    _remove_steps(root, set() if stored is None else _referenced(stored.kept), "delete:leftover-step")
+    referenced = set() if stored is None else stored.referenced()
+    _remove_steps(root, referenced, "delete:leftover-step")
+    _remove_blocks(root, referenced, "delete:leftover-object")
 
 
 def remove_unreferenced(root: Path, referenced: set[str]) -> None:
@@ -268,6 +321,7 @@ def remove_unreferenced(root: Path, referenced: set[str]) -> None:
     """
     try:
         _remove_steps(root, referenced, "delete:dropped-step")
+        _remove_blocks(root, referenced, "delete:dropped-object")
         for name in V1_FILES.values():
             if (root / name).exists() and name not in referenced:
                 (root / name).unlink()
@@ -299,6 +353,26 @@ def _remove_steps(root: Path, referenced: set[str], point: str) -> None:
     fsync_dir(steps)
 
 
+def _remove_blocks(root: Path, referenced: set[str], point: str) -> None:
+    """Delete the blocks under ``objects/`` that no path in ``referenced`` names (``--keep``, a dropped step,
+    an interrupted save's). Anything there not named like a block is left alone and named."""
+    folder = root / OBJECTS_DIR
+    if not folder.is_dir() or folder.is_symlink():
+        return
+    removed = False
+    for entry in sorted(folder.iterdir()):
+        if object_path(entry.name) in referenced:
+            continue
+        if not (HEX64.fullmatch(entry.name) and _plain_file(entry)):
+            LOG.warning("Left %s alone: it is not a block that sbcli wrote.", entry)
+            continue
+        entry.unlink()
+        removed = True
+        checkpoint(point)
+    if removed:
+        fsync_dir(folder)
+
+
 def _plain_file(path: Path) -> bool:
     return path.is_file() and not path.is_symlink()
 
@@ -320,12 +394,22 @@ def is_steps_tree(steps: Path) -> bool:
         (STEP_DIR.fullmatch(p.name) or p.name.startswith(".")) and is_step_folder(p) for p in steps.iterdir())
 
 
+def is_objects_tree(folder: Path) -> bool:
+    """``objects/`` as saves write it: a real directory of blocks (plain files named by a SHA-256)."""
+    return folder.is_dir() and not folder.is_symlink() and all(
+        HEX64.fullmatch(p.name) and _plain_file(p) for p in folder.iterdir())
+
+
 def only_leftovers(folder: Path) -> bool:
     """True when ``folder`` holds nothing but what an interrupted first save leaves (no learner.json):
-    the lock, ``learner.json.tmp-*`` files and a ``steps/`` tree of step folders, nothing of anyone else's."""
+    the lock, ``learner.json.tmp-*`` files, a ``steps/`` tree of step folders and an ``objects/`` folder of
+    blocks, nothing of anyone else's."""
     for entry in folder.iterdir():
         if entry.name == STEPS_DIR:
             if not is_steps_tree(entry):
+                return False
+        elif entry.name == OBJECTS_DIR:
+            if not is_objects_tree(entry):
                 return False
         elif not (_store_file(entry.name) and _plain_file(entry)):
             return False

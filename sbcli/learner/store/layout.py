@@ -35,6 +35,11 @@ A reader reads ``learner.json`` once, then only the files it names, under two ru
   or zeroed tail: each is refused in one sentence naming the file, before anything is built from it.
   A learner of format 1 or 2 records no hashes; it is read as before, and its next save records them
   (hashing the files it keeps, once each).
+- **Stored once** (format 4): a step file's large tensors are blocks under ``objects/``, each named by
+  its SHA-256 (:mod:`sbcli.learner.store.objects`), so what did not change between steps (a frozen
+  backbone, a projection, earlier tasks' carried test images) is one file referenced by every step.
+  ``learner.json``'s ``objects`` lists the blocks of each kept step; each is in ``hashes`` too, and a
+  reader checks a block against its name as it reads it.
 """
 
 from __future__ import annotations
@@ -48,11 +53,14 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sbcli.errors import LearnerError
+from sbcli.learner.store.objects import OBJECTS_DIR, assemble, object_path, refs
 from sbcli.learner.validate import RESTORE, check_format_version, check_state_json
 
-FORMAT_VERSION = 3  # 3: format 2 plus "hashes" (every named file's SHA-256 and size)
+FORMAT_VERSION = 4  # 3: format 2 plus "hashes" (every named file's SHA-256 and size); 4: plus "objects"
 HASHED_SINCE = 3
+OBJECTS_SINCE = 4
 HASHES_KEY = "hashes"
+OBJECTS_KEY = "objects"  # per kept step: the SHA-256 of every block its files name (sbcli.learner.store.objects)
 STATE_FILE = "learner.json"
 STEPS_DIR = "steps"
 LOCK_FILE = ".sbcli.lock"
@@ -69,7 +77,7 @@ STEP_FILES: tuple[tuple[str, str, bool], ...] = (
 )
 # Format 1: the files of its only step, at the root (its state is learner.json itself).
 V1_FILES = {"model": "model.safetensors", "memory": "memory.safetensors"}
-STORAGE_KEYS = ("files", "kept_steps", "keep", HASHES_KEY)
+STORAGE_KEYS = ("files", "kept_steps", "keep", HASHES_KEY, OBJECTS_KEY)
 STEP_DIR = re.compile(r"\d{4,}(-\d+)?")
 CHUNK = 1 << 20  # files are hashed as they are read, a MiB at a time
 HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -95,7 +103,7 @@ def linked_entry(root: Path) -> Path | None:
             for entry in sorted(entries, key=lambda e: e.name):
                 if entry.is_symlink():
                     return Path(entry.path)
-                inside_steps = folder != root or entry.name == STEPS_DIR
+                inside_steps = folder != root or entry.name in (STEPS_DIR, OBJECTS_DIR)
                 if inside_steps and entry.is_dir(follow_symlinks=False):
                     pending.append(Path(entry.path))
     return None
@@ -137,6 +145,9 @@ def parse_hashes(value: Any, referenced: set[str], where: Path, required: bool) 
                 and HEX64.fullmatch(record["sha256"]) and type(record["size"]) is int
                 and 0 <= record["size"] <= MAX_FILE_BYTES):
             raise LearnerError(f"{where} is damaged: the hash of {rel} is not a SHA-256 (64 hex digits) and a size; "
+                               f"{RESTORE}.")
+        if rel.startswith(OBJECTS_DIR + "/") and rel != object_path(record["sha256"]):
+            raise LearnerError(f"{where} is damaged: the block {rel} is recorded with another SHA-256 than its name; "
                                f"{RESTORE}.")
         out[rel] = {"sha256": record["sha256"], "size": record["size"]}
     unrecorded = sorted(referenced - set(out)) if required else []
@@ -190,6 +201,7 @@ class Stored:
         keep: how many steps a save keeps (None: all).
         raw: the bytes of learner.json as read (a reader retries when they changed under it).
         hashes: path -> SHA-256 and size of every file a kept step names (empty before format 3).
+        objects: per kept step, the SHA-256 of every block its files name (empty before format 4).
     """
 
     root: Path
@@ -199,6 +211,7 @@ class Stored:
     keep: int | None
     raw: bytes
     hashes: dict[str, Record] = field(default_factory=dict)
+    objects: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def current(self) -> int:
@@ -278,8 +291,13 @@ class Stored:
         return self.read(rel)
 
     def referenced(self) -> set[str]:
-        """Every path (relative to the root) that a kept step names."""
-        return {rel for files in self.kept.values() for rel in files.values()}
+        """Every path (relative to the root) that a kept step names: its files and its blocks."""
+        return ({rel for files in self.kept.values() for rel in files.values()}
+                | {object_path(sha) for blocks in self.objects.values() for sha in blocks})
+
+    def step_blocks(self, step: int) -> tuple[str, ...]:
+        """The SHA-256 of every block that kept ``step``'s files name."""
+        return self.objects.get(step, ())
 
 
 @dataclass(frozen=True)
@@ -292,6 +310,7 @@ class StepRead:
         where: the file the state came from (``learner.json`` for the current step).
         files: key -> path relative to ``root`` (keys of :data:`STEP_FILES`).
         data: key -> the bytes of that file, checked against its recorded SHA-256 and size (the state excepted).
+        blocks: SHA-256 -> the bytes of every block the step's files name, each checked against its name.
     """
 
     root: Path
@@ -299,9 +318,18 @@ class StepRead:
     where: Path
     files: dict[str, str]
     data: dict[str, bytearray]
+    blocks: dict[str, bytearray] = field(default_factory=dict)
 
     def path(self, key: str) -> Path:
         return self.root / self.files[key]
+
+    def tensors(self, key: str) -> dict[str, Any]:
+        """The tensors of the step file ``key``, those stored as blocks joined back (parsed without trust).
+
+        Raises:
+            LearnerError: a malformed file, or blocks that do not make its tensors.
+        """
+        return assemble(self.data[key], self.path(key), self.blocks.__getitem__)
 
 
 def read_step(root: Path, step: int | None = None) -> StepRead:
@@ -325,13 +353,36 @@ def read_step(root: Path, step: int | None = None) -> StepRead:
         try:
             state, where = stored.checked_state(step)  # a kept step's state.json is a named file too
             data = {key: stored.read_file(rel) for key, rel in files.items() if key != "state"}
+            blocks = _read_blocks(stored, step, files, data)
         except FileNotFoundError as err:
             missing = err
             continue
-        return StepRead(root, state, where, files, data)
+        return StepRead(root, state, where, files, data, blocks)
     name = Path(missing.filename or "a file")
     rel = name.relative_to(root) if name.is_relative_to(root) else name
     raise LearnerError(f"The learner at {root} is missing {rel}; restore the directory from a copy.") from missing
+
+
+def _read_blocks(stored: Stored, step: int | None, files: dict[str, str],
+                 data: dict[str, bytearray]) -> dict[str, bytearray]:
+    """The blocks the step's (verified) files name, each read once and checked against its name.
+
+    Raises:
+        LearnerError: a file names a block that ``learner.json`` does not list for the step.
+        FileNotFoundError: a block is not there (a concurrent save may have dropped the step).
+    """
+    listed = set(stored.step_blocks(stored.current if step is None else step))
+    blocks: dict[str, bytearray] = {}
+    for key, raw in data.items():
+        for name, ref in refs(raw, stored.root / files[key]).items():
+            for sha in ref.parts:
+                if sha not in listed:
+                    raise LearnerError(f"{stored.root / files[key]} names a block of {name!r} ({sha[:12]}...) that "
+                                       f"learner.json does not list for its step; {RESTORE}.")
+                if sha not in blocks:  # listed, hence recorded in hashes (read_stored checks both)
+                    rel = object_path(sha)
+                    blocks[sha] = read_verified(stored.root / rel, stored.hashes[rel])
+    return blocks
 
 
 def _canonical(value: Any) -> str:
@@ -369,9 +420,24 @@ def read_stored(root: Path) -> Stored:
     if version == 1:
         return Stored(root, 1, state, {len(history): dict(V1_FILES)}, None, raw)
     kept = _kept(data, len(history), path)
-    referenced = {rel for files in kept.values() for rel in files.values()}
+    objects = _objects(data.get(OBJECTS_KEY), set(kept), path) if version >= OBJECTS_SINCE else {}
+    referenced = ({rel for files in kept.values() for rel in files.values()}
+                  | {object_path(sha) for blocks in objects.values() for sha in blocks})
     hashes = parse_hashes(data.get(HASHES_KEY), referenced, path, required=version >= HASHED_SINCE)
-    return Stored(root, version, state, kept, _keep(data.get("keep"), path), raw, hashes)
+    return Stored(root, version, state, kept, _keep(data.get("keep"), path), raw, hashes, objects)
+
+
+def _objects(value: Any, kept: set[int], where: Path) -> dict[int, tuple[str, ...]]:
+    """``learner.json``'s ``objects``: kept step -> the SHA-256 of its blocks (a step with none may be absent)."""
+    if value is None:
+        return {}
+    from sbcli.learner.store.objects import HEX64
+
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and k.isdigit() and int(k) in kept and isinstance(v, list)
+            and all(isinstance(s, str) and HEX64.fullmatch(s) for s in v) for k, v in value.items()):
+        raise LearnerError(f"{where} is damaged: objects must map kept steps to lists of SHA-256 names; {RESTORE}.")
+    return {int(k): tuple(v) for k, v in value.items()}
 
 
 def _kept(data: dict[str, Any], current: int, where: Path) -> dict[int, dict[str, str]]:
