@@ -50,10 +50,13 @@ class StepMetrics:
 
     @classmethod
     def from_json(cls, data: dict) -> StepMetrics:
-        """The metrics as ``learner.json`` keeps them (a learner written before the counts has none)."""
-        nan = float("nan")  # what a metric that was not measured reads as
-        return cls(data["overall"], data["per_task"], data.get("old", nan), data.get("new", nan),
-                   data.get("intra_old", nan), data.get("intra_new", nan), data.get("counts"))
+        """The metrics as ``learner.json`` keeps them (a learner written before the counts has none; a metric
+        without a value is null there, NaN in an older learner, NaN here)."""
+        def value(v: float | None) -> float:
+            return float("nan") if v is None else v  # null (strict JSON) or absent: not measured
+
+        return cls(value(data["overall"]), [value(v) for v in data["per_task"]], value(data.get("old")),
+                   value(data.get("new")), value(data.get("intra_old")), value(data.get("intra_new")), data.get("counts"))
 
 
 def step_metrics(scores: torch.Tensor, labels: torch.Tensor, task_of_class: list[int]) -> StepMetrics:

@@ -48,6 +48,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sbcli.errors import LearnerError
+from sbcli.jsonutil import strict
 from sbcli.learner.validate import RESTORE, check_format_version, check_state_json
 
 FORMAT_VERSION = 3  # 3: format 2 plus "hashes" (every named file's SHA-256 and size)
@@ -335,8 +336,9 @@ def read_step(root: Path, step: int | None = None) -> StepRead:
 
 
 def _canonical(value: Any) -> str:
-    """One text for equal JSON values (NaN equals NaN here, as it does not in Python)."""
-    return json.dumps(value, sort_keys=True, allow_nan=True)
+    """One text for equal JSON values: NaN equals NaN here, as it does not in Python, and equals the null a
+    strict writer puts in its place (an older learner's kept step holds NaN where a newer learner.json has null)."""
+    return json.dumps(strict(value), sort_keys=True, allow_nan=False)
 
 
 def read_json_bytes(raw: bytes, where: Path) -> Any:
