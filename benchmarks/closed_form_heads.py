@@ -40,20 +40,32 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 BINS = 15
 
 
-def calibration(probs, labels) -> dict:
-    """Accuracy, expected calibration error (15 bins) and mean top-class probability, in %."""
+def expected_calibration_error(conf, right) -> float:
+    """ECE over 15 equal-width bins of the top-class probability ``conf`` (``right``: 1 where the top class is)."""
     import torch
 
-    conf, pred = probs.max(1)
-    right = pred.eq(labels).double()
     edges = torch.linspace(0, 1, BINS + 1, dtype=torch.float64)
     ece = 0.0
     for lo, hi in zip(edges[:-1], edges[1:], strict=True):
         inside = (conf > lo) & (conf <= hi)
         if inside.any():
             ece += float(inside.double().mean()) * abs(float(right[inside].mean()) - float(conf[inside].double().mean()))
-    return {"acc": round(100 * float(right.mean()), 2), "ece": round(100 * ece, 2),
-            "conf": round(100 * float(conf.double().mean()), 2)}
+    return ece
+
+
+def calibration(probs, labels) -> dict:
+    """Accuracy, expected calibration error (15 bins), mean top-class probability, in %, and ``ece_floor``: the
+    mean ECE of a perfectly calibrated model with the same probabilities on as many images (each right with
+    its stated probability; 20 draws), what the number of test images alone leaves."""
+    import torch
+
+    conf, pred = probs.double().max(1)
+    right = pred.eq(labels).double()
+    gen = torch.Generator().manual_seed(0)
+    floor = [expected_calibration_error(conf, (torch.rand(len(conf), generator=gen, dtype=torch.float64) < conf).double())
+             for _ in range(20)]
+    return {"acc": round(100 * float(right.mean()), 2), "ece": round(100 * expected_calibration_error(conf, right), 2),
+            "conf": round(100 * float(conf.mean()), 2), "ece_floor": round(100 * sum(floor) / len(floor), 2)}
 
 
 def decode(archive: zipfile.ZipFile, names: list[str], size: int):
@@ -231,8 +243,8 @@ def report(path: Path) -> None:
         groups.setdefault((r["backbone"], r["grow"], r["tasks"]), []).append(r)
     for (backbone, grow, tasks), mine in groups.items():
         print(f"\n{backbone}, grown on {grow} in {tasks} tasks (D = {mine[0]['dim']}):\n")
-        print("| head | projection | seeds | avg acc 1..T | last acc | last ECE | last conf | worst ECE over steps | step s (median) |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| head | projection | seeds | avg acc 1..T | last acc | last ECE | last conf | last ECE floor | worst ECE over steps | step s (median) |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for key in dict.fromkeys((r["head"], r["projection"]) for r in mine):
             runs = [r for r in mine if (r["head"], r["projection"]) == key]
 
@@ -242,7 +254,8 @@ def report(path: Path) -> None:
             print(f"| {key[0]} | {'-' if key[1] is None else key[1]} | {len(runs)} | "
                   f"{mean(lambda r: statistics.mean(s['acc'] for s in r['steps'])):.1f} | "
                   f"{mean(lambda r: r['steps'][-1]['acc']):.1f} | {mean(lambda r: r['steps'][-1]['ece']):.1f} | "
-                  f"{mean(lambda r: r['steps'][-1]['conf']):.1f} | {mean(lambda r: max(s['ece'] for s in r['steps'])):.1f} | "
+                  f"{mean(lambda r: r['steps'][-1]['conf']):.1f} | {mean(lambda r: r['steps'][-1].get('ece_floor', float('nan'))):.1f} | "
+                  f"{mean(lambda r: max(s['ece'] for s in r['steps'])):.1f} | "
                   f"{mean(lambda r: statistics.median(s['seconds'] for s in r['steps'])):.2f} |")
         print("\n| head | projection | seed | per step: accuracy / ECE / mean top-class probability (%) |\n|---|---|---|---|")
         for r in mine:

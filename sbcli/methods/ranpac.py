@@ -11,10 +11,12 @@ sums, the head after any number of steps is exactly the joint ridge regression o
 with no exemplar kept: nothing is forgotten, and ``sb add-task`` is one forward pass over the new
 images and one M x M solve. ``lambda`` (``--ridge``; default: chosen) is picked at every step on a
 held-back fifth of the new images (the grid RanPAC uses, 1e-8 .. 1e14, lowest squared error), then
-the head is solved on all of them. The scores are then scaled by one temperature fitted on the same
-held-back images (lowest negative log-likelihood), so that the probabilities a user reads from
-``sb predict`` mean what they say: the ridge scores themselves sit near 0 and 1, where a softmax is
-nearly uniform.
+the head is solved on all of them. The scores are then scaled by one temperature fitted on the
+calibration bank of every class seen (lowest negative log-likelihood; up to :data:`BANK_PER_CLASS`
+features a class, each scored by exact leave-one-out), so that the probabilities a user reads from
+``sb predict`` mean what they say at any length of the sequence: the ridge scores themselves sit near
+0 and 1, where a softmax is nearly uniform. ``--inference lda`` solves a shared-covariance discriminant
+from the same sums and the class counts instead (:mod:`sbcli.methods.rules.lda`).
 
 The learner keeps ``ranpac.projection`` [D, M] (float32; drawn once from ``--seed``), ``ranpac.gram``
 (G, its lower triangle: :func:`pack_gram`) and ``ranpac.targets`` (Q) in float64, and ``ranpac.head`` [C, M] (float32, the temperature folded
