@@ -129,7 +129,15 @@ def features(args: argparse.Namespace, work: Path) -> dict:
     from sbcli.engine.loop import Engine, TrainConfig
     from sbcli.learner.state import Learner
 
-    learner = Learner.load(backbone_learner(args, work), args.device)
+    start = backbone_learner(args, work)
+    key = "-".join(str(x) for x in (start.name, Path(args.grow).name, args.per_class, args.test_per_class))
+    saved = work / f"features-{key}.safetensors"
+    if saved.is_file():  # the features of one backbone on one data set are computed once
+        from safetensors.torch import load_file
+
+        out = dict(load_file(str(saved)))
+        return {**out, **json.loads((saved.with_suffix(".json")).read_text())}
+    learner = Learner.load(start, args.device)
     classes, files, archive = grow_images(args)
     engine = Engine(TrainConfig(threads=args.threads), torch.device(args.device), learner.norm, 0)
     out = {"classes": classes, "image_size": learner.state.image_size, "arch": learner.state.arch}
@@ -138,6 +146,10 @@ def features(args: argparse.Namespace, work: Path) -> dict:
                   for i in range(0, len(names), 2000)]
         out[split] = torch.cat(chunks).float()
         out[split + "_labels"] = torch.tensor([classes.index(n.split("/")[2]) for n in names])
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in out.items() if isinstance(v, torch.Tensor)}, str(saved))
+    saved.with_suffix(".json").write_text(json.dumps({k: v for k, v in out.items() if not isinstance(v, torch.Tensor)}))
     return out
 
 
@@ -155,7 +167,8 @@ def grow_ranpac(feats: dict, order: list[int], tasks: int, head: str, projection
         seen = (t + 1) * size
         new = (train_y >= t * size) & (train_y < seen)
         start = time.perf_counter()
-        state, w, chosen = ranpac.fit_step(state, feats["train"][new], train_y[new], seen, None, seed * 1000 + t, head)
+        step_args = (state, feats["train"][new], train_y[new], seen, None, seed * 1000 + t)
+        state, w, chosen = ranpac.fit_step(*step_args, **({} if head == "ridge" else {"head": head}))
         seconds = time.perf_counter() - start
         test = test_y < seen
         scores = ranpac.project(feats["test"][test], state.projection).float() @ w.T
@@ -206,6 +219,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "sbcli-closed-form-heads")
+    parser.add_argument("--tag", default="", help="a word the rows carry, e.g. which sbcli they ran on (shown after the head)")
     parser.add_argument("--report", type=Path, help="print the tables of a JSON-lines file of earlier runs and exit")
     args = parser.parse_args()
     if args.report:
@@ -230,7 +244,8 @@ def main() -> None:
             for projection in ([None] if head == "simplecil" else args.projections):
                 steps = (grow_simplecil(feats, order, args.tasks) if head == "simplecil"
                          else grow_ranpac(feats, order, args.tasks, head, projection, seed))
-                print(json.dumps({"backbone": backbone, "grow": grow, "tasks": args.tasks, "seed": seed, "head": head,
+                label = f"{head} ({args.tag})" if args.tag else head
+                print(json.dumps({"backbone": backbone, "grow": grow, "tasks": args.tasks, "seed": seed, "head": label,
                                   "projection": projection, "dim": feats["train"].shape[1], "steps": steps}), flush=True)
 
 
