@@ -6,6 +6,7 @@ step t; entries with j > t are NaN. Nothing is rounded here: round at display ti
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -50,10 +51,13 @@ class StepMetrics:
 
     @classmethod
     def from_json(cls, data: dict) -> StepMetrics:
-        """The metrics as ``learner.json`` keeps them (a learner written before the counts has none)."""
-        nan = float("nan")  # what a metric that was not measured reads as
-        return cls(data["overall"], data["per_task"], data.get("old", nan), data.get("new", nan),
-                   data.get("intra_old", nan), data.get("intra_new", nan), data.get("counts"))
+        """The metrics as ``learner.json`` keeps them (a learner written before the counts has none; a metric
+        without a value is null there, NaN in an older learner, NaN here)."""
+        def value(v: float | None) -> float:
+            return math.nan if v is None else v  # null (strict JSON) or absent: not measured (one NaN object, as json reads NaN)
+
+        return cls(value(data["overall"]), [value(v) for v in data["per_task"]], value(data.get("old")),
+                   value(data.get("new")), value(data.get("intra_old")), value(data.get("intra_new")), data.get("counts"))
 
 
 def step_metrics(scores: torch.Tensor, labels: torch.Tensor, task_of_class: list[int]) -> StepMetrics:

@@ -12,10 +12,12 @@ with no exemplar kept: nothing is forgotten, and ``sb add-task`` is one forward 
 images and one M x M solve. ``lambda`` (``--ridge``; default: chosen) is picked at every step on a
 held-back fifth of the new images (at most 2,000; the grid RanPAC uses, 1e-8 .. 1e14, lowest squared
 error), then the head is solved on all of them, its sums added 4,096 images at a time (so that memory
-does not grow with the number of images). The scores are then scaled by one temperature fitted on the same
-held-back images (lowest negative log-likelihood), so that the probabilities a user reads from
-``sb predict`` mean what they say: the ridge scores themselves sit near 0 and 1, where a softmax is
-nearly uniform.
+does not grow with the number of images). The scores are then scaled by one temperature fitted on the
+calibration bank of every class seen (lowest negative log-likelihood; up to :data:`BANK_PER_CLASS`
+features a class, each scored by exact leave-one-out), so that the probabilities a user reads from
+``sb predict`` mean what they say at any length of the sequence: the ridge scores themselves sit near
+0 and 1, where a softmax is nearly uniform. ``--inference lda`` solves a shared-covariance discriminant
+from the same sums and the class counts instead (:mod:`sbcli.methods.rules.lda`).
 
 The learner keeps ``ranpac.projection`` [D, M] (float32; drawn once from ``--seed``), ``ranpac.gram``
 (G, its lower triangle: :func:`pack_gram`) and ``ranpac.targets`` (Q) in float64, and ``ranpac.head`` [C, M] (float32, the temperature folded
@@ -25,23 +27,28 @@ and one MatMul, which is what ``sb evaluate``, ``sb predict``, ``sb serve`` and 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError, LearnerError
 from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
+from sbcli.methods.rules import lda
 from sbcli.methods.rules.ridge import HEAD_KEY, PROJECTION_KEY
-from sbcli.methods.simplecil import ADAPT_HELP, adapt, adapt_epochs, fit_temperature
+from sbcli.methods.simplecil import ADAPT_HELP, adapt, adapt_epochs, bank_rows, fit_temperature
 
 if TYPE_CHECKING:  # torch only inside the functions: the CLI reads this Config without it
     import torch
 
 INFERENCE = "ridge"
 GRAM, TARGETS = "ranpac.gram", "ranpac.targets"
+COUNTS = "ranpac.counts"  # [C] float64: images of each class in the sums (learners saved before have none)
+BANK, BANK_LABELS = "ranpac.bank", "ranpac.bank_labels"  # [K, D] float32 features, [K] int64: the calibration bank
 RIDGE_GRID = tuple(10.0**k for k in range(-8, 15))  # RanPAC's candidates
-HELD_BACK = 0.2  # of each step's new images, to choose lambda and the temperature
-TEMPERATURES = tuple(2.0**k for k in range(-5, 6))  # a handful of held-back images cannot justify sharper
+HELD_BACK = 0.2  # of each step's new images, to choose lambda (and the LDA's shrinkage)
+BANK_PER_CLASS = 20  # backbone features kept per class, to fit the temperature on every class seen
+TEMPERATURES = tuple(2.0 ** (k / 4) for k in range(-24, 45))  # 1/64 .. 2048 in quarter octaves
 MAX_PROJECTION = 20_000  # G alone is M * M * 8 bytes: 3.2 GB at 20,000
 ROWS = 4096  # images projected at a time into the sums (H of 4,096 x 2,000 float64: 66 MB)
 MAX_HELD_BACK = 2000  # held-back images at most (kept projected to choose lambda and the temperature)
@@ -49,7 +56,7 @@ MAX_HELD_BACK = 2000  # held-back images at most (kept projected to choose lambd
 
 @dataclass(frozen=True)
 class Config(MethodConfig):
-    RULES: ClassVar[tuple[str, ...]] = (INFERENCE,)
+    RULES: ClassVar[tuple[str, ...]] = (INFERENCE, "lda")
     inference: str = inference_option(INFERENCE)
     projection: int = option(2000, "Size of the random projection before the ridge head (0: none, the backbone's "
                                    "features themselves; its Gram matrix takes M x M x 8 bytes).", default_text="2000")
@@ -90,8 +97,13 @@ def project(features: torch.Tensor, projection: torch.Tensor | None) -> torch.Te
 
 
 def accumulate(gram: torch.Tensor, targets: torch.Tensor, h: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """G + H^T H and Q + H^T Y."""
-    return gram + h.T @ h, targets + h.T @ y
+    """G + H^T H and Q + H^T Y.
+
+    H^T H is made symmetric to the bit from its lower triangle (a matrix product may round its two
+    triangles differently), so that G kept as its lower triangle (:func:`pack_gram`) is G itself.
+    """
+    hh = h.T @ h
+    return gram + (hh.tril() + hh.tril(-1).T), targets + h.T @ y
 
 
 def solve_ridge(gram: torch.Tensor, targets: torch.Tensor, ridge: float) -> torch.Tensor:
@@ -178,11 +190,16 @@ def accumulate_rows(gram: torch.Tensor, targets: torch.Tensor, features: torch.T
 
 @dataclass(frozen=True)
 class RidgeState:
-    """What the learner keeps between steps: the projection and the running sums."""
+    """What the learner keeps between steps: the projection, the running sums, the images of each class in them
+    (None in a learner saved before they were counted) and the calibration bank: up to
+    :data:`BANK_PER_CLASS` backbone features of each class's training images (features, never images)."""
 
     projection: torch.Tensor | None
     gram: torch.Tensor
     targets: torch.Tensor
+    counts: torch.Tensor | None = None
+    bank: torch.Tensor | None = None
+    bank_labels: torch.Tensor | None = None
 
     @classmethod
     def start(cls, features: int, cfg: Config, seed: int) -> RidgeState:
@@ -190,7 +207,8 @@ class RidgeState:
 
         projection = random_projection(features, cfg.projection, seed) if cfg.projection else None
         size = cfg.projection or features
-        return cls(projection, torch.zeros(size, size, dtype=torch.float64), torch.zeros(size, 0, dtype=torch.float64))
+        return cls(projection, torch.zeros(size, size, dtype=torch.float64), torch.zeros(size, 0, dtype=torch.float64),
+                   torch.zeros(0, dtype=torch.float64), torch.zeros(0, features), torch.zeros(0, dtype=torch.int64))
 
     @classmethod
     def stored(cls, extra: dict[str, torch.Tensor], num_old: int) -> RidgeState:
@@ -203,39 +221,123 @@ class RidgeState:
         if gram is None or targets is None or targets.shape[1] != num_old or not _fits(gram, targets.shape[0]):
             raise LearnerError(f"The learner knows {num_old} classes but its ridge head's sums do not fit them; "
                                "it is damaged or was not trained with --method ranpac.")
-        return cls(extra.get(PROJECTION_KEY), unpack_gram(gram, targets.shape[0]), targets)
+        counts, bank, bank_labels = extra.get(COUNTS), extra.get(BANK), extra.get(BANK_LABELS)
+        if counts is not None and counts.shape != (num_old,):
+            raise LearnerError(f"The learner knows {num_old} classes but counts images of {counts.numel()}; it is "
+                               "damaged: pull or copy it again.")
+        if (bank is None) != (bank_labels is None) or (bank is not None and (
+                bank.dim() != 2 or bank_labels.shape != (bank.shape[0],)
+                or bool(((bank_labels < 0) | (bank_labels >= num_old)).any()))):
+            raise LearnerError("The learner's calibration bank does not fit its classes; it is damaged: pull or copy "
+                               "it again.")
+        return cls(extra.get(PROJECTION_KEY), unpack_gram(gram, targets.shape[0]), targets, counts, bank, bank_labels)
 
     def grown(self, classes: int) -> RidgeState:
-        """Q with zero columns for the new classes (no image of them yet)."""
+        """Q (and the counts) with zeros for the new classes (no image of them yet)."""
         import torch
 
         pad = torch.zeros(self.targets.shape[0], classes - self.targets.shape[1], dtype=torch.float64)
-        return RidgeState(self.projection, self.gram, torch.cat([self.targets, pad], dim=1))
+        counts = None if self.counts is None else torch.cat([self.counts, torch.zeros(classes - len(self.counts),
+                                                                                         dtype=torch.float64)])
+        return dataclasses.replace(self, targets=torch.cat([self.targets, pad], dim=1), counts=counts)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """What a step saves of this state (besides the head)."""
+        out = {GRAM: pack_gram(self.gram), TARGETS: self.targets}
+        if self.projection is not None:
+            out[PROJECTION_KEY] = self.projection
+        if self.counts is not None:
+            out[COUNTS] = self.counts
+        if self.bank is not None:
+            out[BANK], out[BANK_LABELS] = self.bank.float().contiguous(), self.bank_labels.long().contiguous()
+        return out
+
+
+def ridge_held_out_scores(h: torch.Tensor, y: torch.Tensor, gram: torch.Tensor, targets: torch.Tensor,
+                          ridge: float) -> torch.Tensor:
+    """Scores [K, C] of rows ``h`` (one-hot ``y``), each counted in the sums, as the head solved without that row
+    would give them: exact leave-one-out for a ridge regression, ``y - (y - s) / (1 - h A^-1 h^T)`` with
+    ``A = G + lambda I`` and ``s`` the row's scores."""
+    import torch
+
+    chol = torch.linalg.cholesky(gram + ridge * torch.eye(gram.shape[0], dtype=gram.dtype))
+    scores = h @ torch.cholesky_solve(targets, chol)
+    leverage = (h * torch.cholesky_solve(h.T.contiguous(), chol).T).sum(1).clamp(max=1 - 1e-9)
+    return y - (y - scores) / (1 - leverage)[:, None]
+
+
+def choose_shrinkage(gram: torch.Tensor, targets: torch.Tensor, counts: torch.Tensor, held_h: torch.Tensor,
+                     held_labels: torch.Tensor) -> float:
+    """The shrinkage of :data:`lda.SHRINKAGES` whose discriminant (on the sums) has the lowest negative
+    log-likelihood on the held-back images at its best temperature."""
+    import torch
+
+    best, best_nll = lda.SHRINKAGES[-1], float("inf")
+    for a in lda.SHRINKAGES:
+        try:
+            w, b = lda.solve_lda(gram, targets, counts, a)
+        except ValueError:
+            continue
+        scores = held_h @ w + b
+        t = fit_temperature(scores, held_labels, TEMPERATURES)
+        nll = float(torch.nn.functional.cross_entropy(scores / t, held_labels.long()))
+        if nll < best_nll:
+            best, best_nll = a, nll
+    return best
 
 
 def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, classes: int, ridge: float | None,
-             seed: int) -> tuple[RidgeState, torch.Tensor, dict]:
-    """Add one step's images to the sums and solve the head.
+             seed: int, head: str = INFERENCE) -> tuple[RidgeState, torch.Tensor, dict]:
+    """Add one step's images to the sums and solve the head (``ridge``, or ``lda``: :mod:`sbcli.methods.rules.lda`).
+
+    The ridge strength (or the LDA's shrinkage) is chosen on a held-back fifth of the new images; the
+    temperature on the calibration bank, which holds up to :data:`BANK_PER_CLASS` images of every class seen,
+    each scored as if it had been left out of the fit (exact for the ridge head; for the LDA, left out of its
+    class's mean). A learner saved before the bank keeps its old classes out of it.
 
     Returns:
-        the new state, the head [C, M] in float32 (temperature folded in), and what was chosen.
+        the new state, the head [C, M] in float32 (temperature folded in) and, under ``lda``, its bias in
+        ``chosen["bias"]`` [C], and what was chosen.
     """
+    import torch
+
     state = state.grown(classes)
     held = held_back_split(labels, HELD_BACK, seed, MAX_HELD_BACK)
-    chosen = ridge
-    temperature = 1.0
-    if held.any():
+    counts = state.counts + torch.bincount(labels.long(), minlength=classes).double() if state.counts is not None else None
+    if head == "lda" and counts is None:
+        raise LearnerError("This learner was saved before its ridge sums counted images per class, which an LDA head "
+                           "needs; grow it with --inference ridge.")
+    chosen: float | None = ridge
+    if held.any() and (chosen is None or head == "lda"):
         fit_g, fit_q = accumulate_rows(state.gram, state.targets, features[~held], labels[~held], classes,
                                        state.projection)
-        held_h, held_y = project(features[held], state.projection), one_hot(labels[held], classes)
-        if chosen is None:
-            chosen = choose_ridge(fit_g, fit_q, held_h, held_y)
-        temperature = fit_temperature(held_h @ solve_ridge(fit_g, fit_q, chosen), labels[held], TEMPERATURES)
-    chosen = chosen if chosen is not None else 1.0
+        held_h = project(features[held], state.projection)
+        if head == "lda":
+            fit_n = state.counts + torch.bincount(labels[~held].long(), minlength=classes).double()
+            chosen = choose_shrinkage(fit_g, fit_q, fit_n, held_h, labels[held])
+        else:
+            chosen = choose_ridge(fit_g, fit_q, held_h, one_hot(labels[held], classes))
+    chosen = chosen if chosen is not None else (lda.SHRINKAGES[-1] if head == "lda" else 1.0)
     gram, targets = accumulate_rows(state.gram, state.targets, features, labels, classes, state.projection)
-    head = (solve_ridge(gram, targets, chosen) / temperature).T.float().contiguous()
-    return RidgeState(state.projection, gram, targets), head, {"ridge": chosen, "temperature": temperature,
-                                                              "held_back": int(held.sum())}
+    new_rows = bank_rows(labels, BANK_PER_CLASS, seed)
+    bank = features[new_rows].float() if state.bank is None else torch.cat([state.bank, features[new_rows].float()])
+    bank_labels = labels[new_rows].long() if state.bank_labels is None else torch.cat([state.bank_labels,
+                                                                                       labels[new_rows].long()])
+    bank_h = project(bank, state.projection)
+    bias = None
+    if head == "lda":
+        weights, bias = lda.solve_lda(gram, targets, counts, chosen)
+        held_out = lda.held_out_scores(bank_h, bank_labels, gram, targets, counts, chosen)
+    else:
+        weights = solve_ridge(gram, targets, chosen)
+        held_out = ridge_held_out_scores(bank_h, one_hot(bank_labels, classes), gram, targets, chosen)
+    temperature = fit_temperature(held_out, bank_labels, TEMPERATURES) if len(bank_labels) else 1.0
+    out = RidgeState(state.projection, gram, targets, counts, bank, bank_labels)
+    record = {("shrinkage" if head == "lda" else "ridge"): chosen, "temperature": temperature,
+              "held_back": int(held.sum()), "calibrated_on": int(len(bank_labels))}
+    if bias is not None:
+        record["bias"] = (bias / temperature).float().contiguous()
+    return out, (weights / temperature).T.float().contiguous(), record
 
 
 def pack_gram(gram: torch.Tensor) -> torch.Tensor:
@@ -281,10 +383,11 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     labels = ctx.data.labels[new].cpu()
     state = (RidgeState.start(features.shape[1], cfg, ctx.seed) if ctx.num_old == 0
              else RidgeState.stored(ctx.extra, ctx.num_old))
-    state, head, chosen = fit_step(state, features, labels, ctx.num_total, cfg.ridge, ctx.seed * 1000 + ctx.step)
-    extra = {GRAM: pack_gram(state.gram), TARGETS: state.targets, HEAD_KEY: head}
-    if state.projection is not None:
-        extra[PROJECTION_KEY] = state.projection
+    state, head, chosen = fit_step(state, features, labels, ctx.num_total, cfg.ridge, ctx.seed * 1000 + ctx.step,
+                                   cfg.inference)
+    extra = {**state.tensors(), HEAD_KEY: head}
+    if "bias" in chosen:
+        extra[lda.BIAS_KEY] = chosen.pop("bias")
     record = {**chosen, "images": int(new.sum()), "projection": cfg.projection,
               "ridge_seconds": round(time.perf_counter() - start, 3)}
     return TaskResult(phases=phases, record=record, extra_state=extra)

@@ -42,6 +42,9 @@ if TYPE_CHECKING:  # torch only inside the functions: the CLI reads this Config 
     from sbcli.engine.loop import Engine
 
 INFERENCE = "prototype"
+COUNTS = "simplecil.counts"  # [C] float64: the terms in each prototype (learners saved before have none)
+BANK, BANK_TERMS, BANK_LABELS = "simplecil.bank", "simplecil.bank_terms", "simplecil.bank_labels"
+BANK_PER_CLASS = 20  # normalised features kept per class, to fit the scale on every class seen
 # softmax scales tried, in quarter octaves: 1 is the plain cosine; past 128 a cosine gap of 0.05 already
 # separates the top two classes by e^6, more than one step's images can vouch for
 SCALES = tuple(2.0 ** (k / 4) for k in range(29))
@@ -136,6 +139,92 @@ def fit_scale(feats: torch.Tensor, labels: torch.Tensor, protos: torch.Tensor, t
     return 1.0 / fit_temperature(scores, labels[pick], tuple(1.0 / s for s in SCALES))
 
 
+def bank_rows(labels: torch.Tensor, per_class: int, seed: int) -> torch.Tensor:
+    """Indices of up to ``per_class`` images of each class in ``labels`` (drawn by ``seed``), in label order."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    picked = []
+    for c in labels.unique():
+        idx = (labels == c).nonzero().flatten()
+        picked.append(idx[torch.randperm(len(idx), generator=gen)[:per_class]].sort().values)
+    return torch.cat(picked) if picked else torch.zeros(0, dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class PrototypeState:
+    """What the learner keeps between steps: the prototypes, the terms in each (None in a learner saved before
+    they were counted) and the calibration bank: up to :data:`BANK_PER_CLASS` normalised features of each
+    class's training images (and the terms they added to their prototype), features never images."""
+
+    prototypes: torch.Tensor | None
+    counts: torch.Tensor | None
+    bank: torch.Tensor
+    bank_terms: torch.Tensor
+    bank_labels: torch.Tensor
+
+    @classmethod
+    def start(cls, prototypes: torch.Tensor | None = None, counts: torch.Tensor | None = None) -> PrototypeState:
+        import torch
+
+        empty = torch.zeros(0, 0 if prototypes is None else prototypes.shape[1])
+        return cls(prototypes, counts if prototypes is not None else torch.zeros(0, dtype=torch.float64), empty,
+                   empty, torch.zeros(0, dtype=torch.int64))
+
+    @classmethod
+    def stored(cls, extra: dict[str, torch.Tensor], num_old: int) -> PrototypeState:
+        """The state after the previous step (an empty one at the first).
+
+        Raises:
+            LearnerError: the prototypes, counts or bank do not fit the learner's classes.
+        """
+        old = stored_prototypes(extra, num_old)
+        if old is None:
+            return cls.start()
+        counts, bank, terms, labels = extra.get(COUNTS), extra.get(BANK), extra.get(BANK_TERMS), extra.get(BANK_LABELS)
+        if counts is not None and counts.shape != (num_old,):
+            raise LearnerError(f"The learner knows {num_old} classes but counts the images of {counts.numel()}; it is "
+                               "damaged: pull or copy it again.")
+        if bank is None or labels is None:
+            return cls.start(old, counts)
+        terms = bank if terms is None else terms
+        if (bank.dim() != 2 or bank.shape[1] != old.shape[1] or terms.shape != bank.shape
+                or labels.shape != (bank.shape[0],) or bool(((labels < 0) | (labels >= num_old)).any())):
+            raise LearnerError("The learner's calibration bank does not fit its classes; it is damaged: pull or copy "
+                               "it again.")
+        return cls(old, counts, bank, terms, labels)
+
+    def tensors(self, flips: bool) -> dict[str, torch.Tensor]:
+        out = {PROTOTYPES_KEY: self.prototypes.contiguous(), BANK: self.bank.contiguous(),
+               BANK_LABELS: self.bank_labels.contiguous()}
+        if flips:
+            out[BANK_TERMS] = self.bank_terms.contiguous()
+        if self.counts is not None:
+            out[COUNTS] = self.counts
+        return out
+
+
+def fit_step(state: PrototypeState, feats: torch.Tensor, terms: torch.Tensor, labels: torch.Tensor,
+             classes: range, seed: int) -> tuple[PrototypeState, float]:
+    """The new classes' prototypes from their images' normalised features ``feats`` and ``terms`` (the same
+    without flips), and the scale fitted on the calibration bank of every class seen, each bank image scored
+    against its own class's prototype without its own term (leave-one-out)."""
+    import torch
+
+    new = class_prototypes(terms, labels, classes).cpu()
+    protos = new if state.prototypes is None else torch.cat([state.prototypes, new])
+    added = torch.bincount(labels.long() - classes.start, minlength=len(classes)).double()
+    counts = None if state.counts is None else torch.cat([state.counts, added])
+    rows = bank_rows(labels, BANK_PER_CLASS, seed)
+    bank = torch.cat([state.bank.reshape(-1, feats.shape[1]), feats[rows].float()])
+    bank_terms = torch.cat([state.bank_terms.reshape(-1, feats.shape[1]), terms[rows].float()])
+    bank_labels = torch.cat([state.bank_labels, labels[rows].long()])
+    known = torch.cat([torch.zeros(classes.start, dtype=torch.float64), added]) if counts is None else counts
+    scores = held_out_cosines(bank, bank_labels, protos.float(), bank_terms, known.float(), range(0, classes.stop))
+    scale = 1.0 / fit_temperature(scores, bank_labels, tuple(1.0 / s for s in SCALES))
+    return PrototypeState(protos, counts, bank, bank_terms, bank_labels), scale
+
+
 def stored_prototypes(extra: dict[str, torch.Tensor], num_old: int) -> torch.Tensor | None:
     """The old classes' prototypes from the learner's state (None at the first step).
 
@@ -181,16 +270,15 @@ def adapt_epochs(cfg: Config, epochs: int) -> int:
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     import torch
 
-    old = stored_prototypes(ctx.extra, ctx.num_old)
+    state = PrototypeState.stored(ctx.extra, ctx.num_old)
     phases = adapt(ctx, cfg)
     start = time.perf_counter()
     classes = range(ctx.num_old, ctx.num_total)
     labels = ctx.data.labels.cpu()
     feats, terms = step_features(ctx.engine, ctx.model, ctx.data.images, labels, classes, cfg.prototype_flips)
-    new = class_prototypes(terms, labels[labels >= ctx.num_old], classes).cpu()
-    protos = new if old is None else torch.cat([old, new])
-    scale = fit_scale(feats, labels, protos, terms, classes)
+    new = labels >= ctx.num_old  # exemplars, if any were asked for, are not seen twice
+    state, scale = fit_step(state, feats[new].cpu(), terms.cpu(), labels[new], classes, ctx.seed * 1000 + ctx.step)
     record = {"prototypes_from": len(terms), "flips": cfg.prototype_flips, "scale": scale,
-              "prototype_seconds": round(time.perf_counter() - start, 3)}
-    extra = {PROTOTYPES_KEY: protos.contiguous(), SCALE_KEY: torch.tensor([scale], dtype=torch.float32)}
+              "calibrated_on": len(state.bank_labels), "prototype_seconds": round(time.perf_counter() - start, 3)}
+    extra = {**state.tensors(cfg.prototype_flips), SCALE_KEY: torch.tensor([scale], dtype=torch.float32)}
     return TaskResult(phases=phases, record=record, extra_state=extra)

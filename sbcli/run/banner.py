@@ -30,7 +30,7 @@ class RunBanner:
     epochs: int = 0  # a phase's epochs
     balance_epochs: int = 0
     device: str = "cpu"
-    precision: str = "fp32"  # what the steps compute in: bf16 or fp32
+    precision: str = "fp32"  # what the steps train in: bf16 or fp32 (fp32 where nothing trains: features are float32)
     options: dict = field(default_factory=dict)  # the settings the run starts with, as an experiment log records them
     epochs_before: int = 0  # epochs the learner trained before this run (a log's epochs count on from there)
 
@@ -44,9 +44,11 @@ class RunBanner:
                    if self.balance_epochs else "")
         epochs = (f"{self.epochs} epoch{'s' if self.epochs != 1 else ''} a phase{balance}" if self.epochs
                   else "no training (the backbone stays frozen: one pass over the images)")
+        # a frozen backbone trains nothing: its one pass computes features in float32 (Engine.features)
+        compute = f" in {self.precision}" if self.epochs else ", features in fp32"
         return (f"Found {self.classes} classes, {self.train_images} training images{test}; "
                 f"at {self.image_size}x{self.image_size} pixels{resized}; {self.network}; "
-                f"{epochs}; on {self.device} in {self.precision}.")
+                f"{epochs}; on {self.device}{compute}.")
 
 
 def native_sizes(images: torch.Tensor | None) -> list[str]:
@@ -84,4 +86,5 @@ def banner(classes: int, train_images: int, test_images: int, image_size: int, s
     square = f"{image_size}x{image_size}"
     return RunBanner(classes, train_images, test_images, image_size, [s for s in sizes if s != square], network,
                      train.epochs if trains else 0, (train.balance_epochs or 0) if trains else 0, str(device),
-                     "bf16" if uses_bf16(train.precision, device) else "fp32", dict(options or {}), epochs_before)
+                     "bf16" if trains and uses_bf16(train.precision, device) else "fp32", dict(options or {}),
+                     epochs_before)

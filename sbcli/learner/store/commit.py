@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.errors import CommittedInterrupt, LearnerError
+from sbcli.jsonutil import strict
 from sbcli.learner.store.layout import (
     CHUNK,
     FORMAT_VERSION,
@@ -111,7 +112,9 @@ def records_for(root: Path, referenced: set[str], known: dict[str, Record]) -> d
 
 
 def state_bytes(state: dict[str, Any]) -> bytes:
-    return (json.dumps(state, indent=2, allow_nan=True) + "\n").encode("utf-8")
+    """Strict JSON (any parser reads it): a number without a value (NaN, an infinity) is written as null
+    (:func:`sbcli.jsonutil.strict`), which readers take back as NaN where a metric is expected."""
+    return (json.dumps(strict(state), indent=2, allow_nan=False) + "\n").encode("utf-8")
 
 
 def commit_step(root: Path, payload: dict[str, bytes], state: dict[str, Any], keep: int | None = None,

@@ -53,6 +53,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from sbcli.errors import LearnerError
+from sbcli.jsonutil import strict
 from sbcli.learner.store.objects import OBJECTS_DIR, assemble, object_path, refs
 from sbcli.learner.validate import RESTORE, check_format_version, check_state_json
 
@@ -386,8 +387,9 @@ def _read_blocks(stored: Stored, step: int | None, files: dict[str, str],
 
 
 def _canonical(value: Any) -> str:
-    """One text for equal JSON values (NaN equals NaN here, as it does not in Python)."""
-    return json.dumps(value, sort_keys=True, allow_nan=True)
+    """One text for equal JSON values: NaN equals NaN here, as it does not in Python, and equals the null a
+    strict writer puts in its place (an older learner's kept step holds NaN where a newer learner.json has null)."""
+    return json.dumps(strict(value), sort_keys=True, allow_nan=False)
 
 
 def read_json_bytes(raw: bytes, where: Path) -> Any:

@@ -124,7 +124,7 @@ def _state_fields() -> dict[str, Check]:
     from sbcli.methods.memory import SELECTIONS
 
     three = list_of(number(-1e6, 1e6), 3, 3)
-    percent = number(0, 100, nan=True)
+    percent = optional(number(0, 100, nan=True))  # null: no value (strict JSON); NaN: an older learner's
     metrics = object_of({"overall": percent, "per_task": list_of(percent, MAX_CLASSES),
                        **{k: optional(percent) for k in ("old", "new", "intra_old", "intra_new")}},
                       ("overall", "per_task"))

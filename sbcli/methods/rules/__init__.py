@@ -3,10 +3,10 @@
 Imported explicitly so the registry is complete; torch-free at import.
 """
 
-from sbcli.methods.rules import bic, icarl, nme, none, prototype, ridge, wa  # noqa: F401  (registration)
+from sbcli.methods.rules import bic, icarl, lda, nme, none, prototype, ridge, wa  # noqa: F401  (registration)
 from sbcli.methods.rules.rule import RULES, InferenceRule, register_rule
 
-ORDER = ("wa", "none", "bic", "icarl", "nme", "prototype", "ridge")  # how the help lists them
+ORDER = ("wa", "none", "bic", "icarl", "nme", "prototype", "ridge", "lda")  # how the help lists them
 
 
 def rules_help() -> str:

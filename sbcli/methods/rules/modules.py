@@ -113,15 +113,18 @@ class RidgeScores(FeatureScores):
     As a graph: the backbone, one MatMul and a ReLU (without a projection, neither), one MatMul.
     """
 
-    def __init__(self, model: IncrementalResNet, projection: torch.Tensor | None, head: torch.Tensor) -> None:
+    def __init__(self, model: IncrementalResNet, projection: torch.Tensor | None, head: torch.Tensor,
+                 bias: torch.Tensor | None = None) -> None:
         super().__init__()
         self.model = model
         device = next(model.parameters()).device
         self.register_buffer("projection", None if projection is None else projection.detach().float().to(device))
-        self.head = nn.Linear(head.shape[1], head.shape[0], bias=False).to(device)
+        self.head = nn.Linear(head.shape[1], head.shape[0], bias=bias is not None).to(device)
         with torch.no_grad():
             self.head.weight.copy_(head.detach().float())
-        self.head.weight.requires_grad_(False)
+            if bias is not None:
+                self.head.bias.copy_(bias.detach().float())
+        self.head.requires_grad_(False)
 
     def score_features(self, features: torch.Tensor) -> torch.Tensor:
         h = features
@@ -131,17 +134,22 @@ class RidgeScores(FeatureScores):
 
 
 def ridge_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], head_key: str,
-                 projection_key: str) -> nn.Module:
-    """Scores of the ``ridge`` rule from the head (and projection) the method stored in ``extra``.
+                 projection_key: str, bias_key: str | None = None) -> nn.Module:
+    """Scores of the ``ridge`` rule (and, with ``bias_key``, the ``lda`` rule's linear head with a bias) from the
+    head (and projection) the method stored in ``extra``.
 
     Raises:
         ExportError: the head is missing or does not fit the network and the projection.
     """
     head, projection = extra.get(head_key), extra.get(projection_key)
+    bias = None if bias_key is None else extra.get(bias_key)
+    if bias_key is not None and (bias is None or head is None or bias.shape != (head.shape[0],)):
+        raise ExportError(f"The learner scores with a discriminant head but its '{bias_key}' is missing or does not "
+                          "fit the head; it is damaged: pull or copy it again.")
     width = model.num_features if projection is None else projection.shape[1]
     if head is None:
         raise ExportError("The learner scores with a ridge head but holds none; it is damaged: pull or copy it again.")
     if head.shape != (model.num_classes, width) or (projection is not None and projection.shape[0] != model.num_features):
         raise ExportError(f"The stored ridge head has shape {tuple(head.shape)}, not ({model.num_classes}, {width}); "
                           "the learner is inconsistent, pull or copy it again.")
-    return RidgeScores(model, projection, head)
+    return RidgeScores(model, projection, head, bias)
