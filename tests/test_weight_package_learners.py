@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from sbcli import api
@@ -120,3 +121,15 @@ def test_bad_input_is_one_sentence_before_any_work(cifar4, tmp_path, extra, says
                                    "--method", "ranpac", "--device", "cpu", "--out", str(tmp_path / "x"), *extra])
     assert res.exit_code != 0 and says in " ".join(res.output.split()), res.output
     assert "Traceback" not in res.output and not (tmp_path / "x" / "learner.json").exists()
+
+
+def test_a_learner_on_the_real_backbone_pushes_and_pulls_through_the_hub(ridge_learner, fake_hub, tmp_path):
+    from sbcli.learner.state import Learner
+
+    report = api.push(ridge_learner, "tester/lite0-ridge")
+    assert report.to_json()["repo_id"] == "tester/lite0-ridge"
+    pulled = api.pull("tester/lite0-ridge", tmp_path / "pulled").path
+    a, b = Learner.load(ridge_learner), Learner.load(pulled)
+    assert a.state.class_names == b.state.class_names and a.state.provenance.pretrained == b.state.provenance.pretrained
+    for key, tensor in a.model.state_dict().items():
+        assert torch.equal(tensor, b.model.state_dict()[key]), key
