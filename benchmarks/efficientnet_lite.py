@@ -119,15 +119,7 @@ def real_path(train: Path, test: Path, order: list[str], per_task: int, work: Pa
     from sbcli import api
 
     out: dict[str, dict] = {}
-    folders = {}
-    for t in (0, 1):
-        for split, src in (("train", train), ("test", test)):
-            dst = work / f"task{t}" / split
-            for cls in order[t * per_task:(t + 1) * per_task]:
-                (dst / cls).mkdir(parents=True, exist_ok=True)
-                for f in (src / cls).iterdir():
-                    (dst / cls / f.name).symlink_to(f)
-            folders[t, split] = dst
+    folders = task_folders(train, test, order, per_task, 2, work)
     for method in ("ranpac", "simplecil"):
         seq, run = api.options(str(folders[0, "train"]), test=str(folders[0, "test"]), pretrained="efficientnet-lite0",
                                method=method, tasks=1, order_seed=-1, device="cpu")
@@ -141,6 +133,41 @@ def real_path(train: Path, test: Path, order: list[str], per_task: int, work: Pa
     return out
 
 
+def task_folders(train: Path, test: Path, order: list[str], per_task: int, tasks: int, work: Path) -> dict:
+    """``work/taskT/train|test/<class>`` as links to the subset's images, in the class order of the heads."""
+    folders = {}
+    for t in range(tasks):
+        for split, src in (("train", train), ("test", test)):
+            dst = work / f"task{t}" / split
+            for cls in order[t * per_task:(t + 1) * per_task]:
+                (dst / cls).mkdir(parents=True, exist_ok=True)
+                for f in (src / cls).iterdir():
+                    (dst / cls / f.name).symlink_to(f)
+            folders[t, split] = dst
+    return folders
+
+
+def scratch_path(train: Path, test: Path, order: list[str], per_task: int, tasks: int, work: Path) -> dict:
+    """`sb train FOLDER`'s folder default (STD + WA from scratch, its own resolution and epochs) over the same tasks:
+    task 1 by ``api.train``, the others by ``api.add_task``; per-step accuracy and each add-task's seconds."""
+    from sbcli import api
+
+    folders = task_folders(train, test, order, per_task, tasks, work / "folders")
+    seq, run = api.options(str(folders[0, "train"]), test=str(folders[0, "test"]), tasks=1, order_seed=-1, device="cpu")
+    learner = api.train(seq, run, work / "scratch")
+    curve = [learner.state.history[-1].metrics.overall]
+    seconds = []
+    for t in range(1, tasks):
+        start = time.perf_counter()
+        summary = api.add_task(work / "scratch", folders[t, "train"], folders[t, "test"], device="cpu")
+        seconds.append(round(time.perf_counter() - start, 2))
+        curve.append(summary.metrics.overall)
+    images = sum(1 for _ in folders[1, "train"].rglob("*.*"))
+    return {"method": f"{run.method}+{getattr(learner.state.method_config, 'inference', '')}", "image_size": seq.image_size,
+            "epochs": run.train.epochs, "curve": [round(a, 2) for a in curve], "add_task_s": seconds,
+            "images_per_s": round(images / seconds[0], 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--data", type=Path, required=True)
@@ -149,6 +176,8 @@ def main() -> None:
     parser.add_argument("--test-per-class", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-real-path", action="store_true", help="skip the timed api.train/api.add_task runs")
+    parser.add_argument("--scratch-only", action="store_true",
+                        help="only `sb train FOLDER`'s folder default (STD + WA from scratch) over the same tasks")
     args = parser.parse_args()
 
     from sbcli import api
@@ -160,6 +189,18 @@ def main() -> None:
         work = Path(tmp)
         os.environ["SBCLI_CACHE"] = str(work / "cache")  # a first run: nothing decoded or cached before
         train, test = write_subset(args.data, work / "data", args.per_class, args.test_per_class)
+        if args.scratch_only:
+            names = sorted(p.name for p in train.iterdir())
+            order = list(range(len(names)))
+            random.Random(args.seed).shuffle(order)
+            result = scratch_path(train, test, [names[i] for i in order], len(names) // args.tasks, args.tasks, work)
+            print(json.dumps({"data": args.data.name, "tasks": args.tasks, "per_class": args.per_class,
+                              "test_per_class": args.test_per_class, "seed": args.seed, "scratch": result}))
+            curve = result["curve"]
+            print(f"| {result['method']} from scratch ({result['image_size']} px, {result['epochs']} epochs a step) | "
+                  f"{' / '.join(f'{a:.1f}' for a in curve)} | {sum(curve) / len(curve):.1f} | {curve[-1]:.1f} | "
+                  f"{result['add_task_s'][0]} | {result['images_per_s']} |")
+            return
         api.pull("efficientnet-lite0-ridge", work / "backbone")
         learner = Learner.load(work / "backbone", "cpu")
         engine = Engine(TrainConfig(), torch.device("cpu"), learner.norm, 0)
