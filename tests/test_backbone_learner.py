@@ -204,7 +204,7 @@ def test_the_zoo_lists_what_each_entry_holds():
     assert {e["name"] for e in listed if e["holds"] == "backbone"} == {e.name for e in SHIPPED} != set()
 
 
-@pytest.mark.parametrize("entry", SHIPPED, ids=lambda e: e.name)
+@pytest.mark.parametrize("entry", [e for e in SHIPPED if e.kind == "hub"], ids=lambda e: e.name)
 def test_shipped_backbone_entries_agree_with_their_recipes_and_timm(entry):
     recipe = tomllib.loads(load_index().recipe_path(entry).read_text())
     assert recipe["method"] == entry.method and recipe["arch"] == entry.network
@@ -215,6 +215,17 @@ def test_shipped_backbone_entries_agree_with_their_recipes_and_timm(entry):
     from sbcli.nets.timm_backbone import input_config
 
     assert input_config(entry.network).image_size == entry.image_size  # timm's own configuration, offline
+
+
+@pytest.mark.parametrize("entry", [e for e in SHIPPED if e.kind == "package"], ids=lambda e: e.name)
+def test_shipped_package_backbone_entries_agree_with_their_recipes_and_the_pinned_weights(entry):
+    from sbcli.hub.weight_packages import PACKAGES
+
+    pkg = PACKAGES[entry.target]
+    recipe = tomllib.loads(load_index().recipe_path(entry).read_text())
+    assert recipe["method"] == entry.method and recipe["arch"] == entry.network == pkg.arch
+    assert recipe["pretrained"] == pkg.name and recipe["pretrained_sha256"] == pkg.sha256 == entry.files[Path(pkg.file).name]
+    assert entry.image_size == pkg.input_size and entry.revision is None and entry.tasks == []
 
 
 def test_a_timm_backbone_entry_takes_timms_resolution_and_statistics(fake_hub: FakeHub, colours, tmp_path):

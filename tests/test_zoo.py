@@ -143,7 +143,7 @@ def test_list_shows_every_entry_and_where_it_lives() -> None:
     res = runner.invoke(app, ["pull", "--list", "--json"])
     listed = json.loads(res.stdout)
     assert [e["name"] for e in listed] == [e.name for e in ENTRIES]
-    assert {e["kind"] for e in listed} <= {"bundled", "hub", "unpublished"}
+    assert {e["kind"] for e in listed} <= {"bundled", "hub", "package", "unpublished"}
     res = runner.invoke(app, ["pull"])
     assert res.exit_code == 2 and "--list" in res.output
 
@@ -166,7 +166,8 @@ build = "sb train --recipe demo-sb-tiny"
 
 @pytest.mark.parametrize(("name", "extra", "problem"), [
     ("x", 'location = "hub:a/b"', "names no revision"),
-    ("x", 'location = "ftp:a/b"', "use bundled:PATH, hub:OWNER/NAME or unpublished"),
+    ("x", 'location = "ftp:a/b"', "use bundled:PATH, hub:OWNER/NAME, package:NAME or unpublished"),
+    ("x", 'location = "package:efficientnet-lite0"', "holds a backbone only"),
     ("x", 'location = "unpublished"\nrevision = "main"', "is unpublished but lists"),
     ("x", 'location = "bundled:learners/x"', "lists no file hashes"),
     ("x", 'location = "bundled:learners/x"\n[entries.x.files]\n"a" = "abc"', "not a SHA-256"),

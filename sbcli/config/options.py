@@ -174,6 +174,20 @@ def _pretrained_learner(o: dict, given: dict) -> None:
             o[key] = value
 
 
+def _pretrained_package(o: dict, given: dict) -> None:
+    """``--pretrained efficientnet-lite0`` (a weight package): its timm architecture at width 1 comes with it (another
+    --arch given is refused when the weights are loaded)."""
+    from sbcli.hub.weight_packages import is_package, package
+
+    ref = o.get("pretrained")
+    if not is_package(ref):
+        return
+    if given.get("arch") is None:
+        o["arch"] = package(str(ref)).arch
+    if given.get("width") is None:
+        o["width"] = 1.0
+
+
 # `sb train FOLDER --pretrained ...` without --method: the ridge head, which led every trained row and SimpleCIL on 50
 # held-out classes grown from a backbone sbcli trained on 50 others (docs/lab/benchmarks.md, "The pretrained path").
 PRETRAINED_METHOD = "ranpac"
@@ -238,6 +252,7 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
     """
     o = merge(given, defaults_for(given.get("source")) if defaults is None else defaults)
     _pretrained_learner(o, given)
+    _pretrained_package(o, given)
     _pretrained_method(o, given)
     _frozen_backbone(o, given)
     _own_data_rules(o, given, own=defaults is None and kind_of(o.get("source")) != "paper")

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from sbcli.errors import ConfigError
+from sbcli.hub.weight_packages import MEAN, STD, WeightPackage, converted, is_package, package
 from sbcli.nets import create_model
 
 SAFETENSORS = "model.safetensors"
@@ -79,6 +80,8 @@ def load(ref: str, arch: str, width: float, *, sha256: str | None = None, hub_cf
     """
     if is_learner(ref):
         return _from_learner(Path(ref).expanduser(), arch, width, sha256)
+    if is_package(ref):
+        return _from_package(package(ref), arch, sha256)
     path, record = _local(ref) if _looks_local(ref) else _from_hub(ref, hub_cfg)
     from sbcli.hub.zoo import sha256_file
 
@@ -96,6 +99,20 @@ def load(ref: str, arch: str, width: float, *, sha256: str | None = None, hub_cf
     matched = _match(tensors, arch, width, _origin(record))
     size = weights_input_size(record, arch, imagenet_names=any(_LAYER.match(k) for k in tensors))
     return PretrainedWeights(matched, record if size is None else record | {"input_size": size}, from_cache=from_cache)
+
+
+def _from_package(pkg: WeightPackage, arch: str, sha256: str | None) -> PretrainedWeights:
+    """A weight package's backbone (:mod:`sbcli.hub.weight_packages`), checked and converted once, on its timm
+    architecture; its normalisation and input size are the release's own."""
+    if arch != pkg.arch:
+        raise ConfigError(f"--pretrained {pkg.name} holds the weights of {pkg.arch}, not of --arch {arch}; drop --arch "
+                          "(it comes with the weights).")
+    path, record = converted(pkg, sha256)
+    tensors = _read_safetensors(path, pkg.name)
+    from sbcli.nets.timm_backbone import match_weights
+
+    return PretrainedWeights(match_weights(tensors, arch, pkg.name), record | {"arch": arch},
+                             {"mean": list(MEAN), "std": list(STD)})
 
 
 def weights_input_size(record: dict[str, Any], arch: str, *, imagenet_names: bool) -> int | None:

@@ -7,6 +7,8 @@ measured. Where it lives is one of:
 
 * ``bundled:learners/NAME``: shipped inside sbcli (``zoo/learners/``), so ``sb pull`` works offline;
 * ``hub:OWNER/NAME`` with a ``revision``: a Hugging Face Hub repository;
+* ``package:NAME``: a backbone whose weights install from the package index (``--pretrained NAME``,
+  :mod:`sbcli.hub.weight_packages`), pinned to the SHA-256 of the package's weights file;
 * ``unpublished``: not published anywhere; ``build`` is the command that makes it from its recipe.
 
 What it holds (``holds``) is a learner (the default) or a ``backbone``: pretrained weights on the Hub
@@ -37,7 +39,7 @@ ZOO_DIRS = (Path(__file__).resolve().parents[1] / "_zoo", Path(__file__).resolve
 INDEX_FILE = "index.toml"
 INDEX_FORMAT = 1
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
-KINDS = ("bundled", "hub", "unpublished")
+KINDS = ("bundled", "hub", "package", "unpublished")
 HOLDS = ("learner", "backbone")
 BACKBONE_FILE = "model.safetensors"  # what a backbone entry's repository holds (sbcli.hub.pretrained.SAFETENSORS)
 
@@ -152,12 +154,16 @@ def parse_entry(name: str, table: dict[str, Any], path: Path) -> ZooEntry:
 def _entry_problem(entry: ZooEntry) -> str:
     """Why an entry is inconsistent, or "" when it is fine."""
     if entry.kind not in KINDS:
-        return f"has location '{entry.location}'; use bundled:PATH, hub:OWNER/NAME or unpublished"
+        return f"has location '{entry.location}'; use bundled:PATH, hub:OWNER/NAME, package:NAME or unpublished"
     if entry.holds not in HOLDS:
         return f"holds '{entry.holds}'; use {' or '.join(HOLDS)}"
+    if entry.holds == "backbone" and entry.kind == "package":
+        return _package_problem(entry)
+    if entry.kind == "package":
+        return "lives in a weight package, which holds a backbone only; add holds = \"backbone\""
     if entry.holds == "backbone" and (entry.kind != "hub" or set(entry.files) != {BACKBONE_FILE} or entry.tasks):
         return (f"holds a backbone, which must be on the Hub at a revision with the SHA-256 of its {BACKBONE_FILE} "
-                "alone, and no tasks")
+                "alone (or in a weight package: package:NAME), and no tasks")
     if entry.kind == "unpublished" and (entry.files or entry.revision or entry.target):
         return "is unpublished but lists files, a revision or a target"
     if entry.kind == "hub" and not entry.revision:
@@ -176,6 +182,19 @@ def _entry_problem(entry: ZooEntry) -> str:
         return f"lists {len(entry.class_order)} classes in class_order but its tasks add up to {entry.num_classes}"
     if any(not re.fullmatch(r"[0-9a-f]{64}", h) for h in entry.files.values()):
         return "has a file hash that is not a SHA-256 hex digest"
+    return ""
+
+
+def _package_problem(entry: ZooEntry) -> str:
+    """Why a backbone entry in a weight package is inconsistent, or "" when it is fine."""
+    from sbcli.hub.weight_packages import PACKAGES
+
+    pkg = PACKAGES.get(entry.target)
+    if pkg is None:
+        return f"names weight package '{entry.target}'; use one of {', '.join(PACKAGES)}"
+    if entry.files != {Path(pkg.file).name: pkg.sha256} or entry.tasks or entry.revision:
+        return (f"holds {pkg.name}'s backbone, which must list its weights file {Path(pkg.file).name} with the "
+                "SHA-256 sbcli pins, no revision and no tasks")
     return ""
 
 

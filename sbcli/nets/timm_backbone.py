@@ -50,6 +50,15 @@ def _build(name: str) -> nn.Module:
                           "`python -c \"import timm; print(timm.list_models('resnet*'))\"` lists them.") from None
 
 
+def build_full(name: str) -> nn.Module:
+    """timm's ``name`` with its own classifier (1,000 ImageNet classes): the whole network a checkpoint holds."""
+    timm = _timm()
+    try:
+        return timm.create_model(name, pretrained=False)
+    except RuntimeError as err:
+        raise ConfigError(f"timm has no architecture {name} ({err}); upgrade timm.") from None
+
+
 class TimmBackbone(GrowingHead):
     """A timm network's pooled features under sbcli's growing head (the interface of IncrementalResNet)."""
 

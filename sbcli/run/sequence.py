@@ -38,6 +38,7 @@ from sbcli.engine.device import check_cpu_threads, resolve_device
 from sbcli.engine.loop import Engine
 from sbcli.errors import ConfigError, LearnerError
 from sbcli.hub.pretrained import RANDOM
+from sbcli.hub.weight_packages import check_input_size
 from sbcli.learner import preflight, validate
 from sbcli.learner.records import MemorySettings, Provenance, TaskRecord
 from sbcli.learner.state import Learner, LearnerState, read_state
@@ -272,6 +273,7 @@ def _weights_image_size(seq: SequenceOptions, weights: Any, timm_in: Any, resume
             timm_in is not None or (state.provenance.pretrained or {}).get("input_size") is not None)
         return dataclasses.replace(seq, image_size=state.image_size) if adopted else seq
     record = weights.record if weights is not None else {}
+    check_input_size(record, seq.image_size)
     size = record.get("input_size") or (timm_in.image_size if timm_in is not None else None)
     if size is None:
         return seq

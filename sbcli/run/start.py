@@ -24,6 +24,7 @@ from sbcli.errors import ConfigError
 from sbcli.hub.client import HubConfig
 from sbcli.hub.pretrained import PretrainedWeights
 from sbcli.hub.pull import PullReport, contents, move_into_place
+from sbcli.hub.weight_packages import check_input_size
 from sbcli.hub.zoo import BACKBONE_FILE, ZooEntry, ZooIndex
 from sbcli.learner import preflight
 from sbcli.learner.state import Learner
@@ -56,6 +57,7 @@ def start_learner(run: RunOptions, out: Path, *, image_size: int | None = None,
                               "repository, a .safetensors file or an sbcli learner) or --arch timm/NAME.")
         timm_in = timm_input(run.arch)
         size = image_size or weights.record.get("input_size") or (timm_in.image_size if timm_in else None)
+        check_input_size(weights.record, size)
         if size is None:
             raise ConfigError(f"The resolution {run.arch}'s weights were trained at is not known; give --image-size.")
         norm = normalization(None, weights, timm_in)
@@ -75,6 +77,8 @@ def pull_backbone(entry: ZooEntry, index: ZooIndex, revision: str | None, target
         ExportError: the Hub cannot give the weights and the cache does not hold them.
         LearnerError: ``target`` exists and is not empty.
     """
+    if entry.kind == "package":
+        return _pull_package_backbone(entry, index, revision, target)
     if revision is not None and revision != entry.revision:
         raise ConfigError(f"Zoo entry {entry.name} is pinned to revision {entry.revision} of {entry.target}; drop "
                           f"'@{revision}', or start from that revision with `sb train FOLDER --pretrained "
@@ -94,3 +98,25 @@ def pull_backbone(entry: ZooEntry, index: ZooIndex, revision: str | None, target
              f"({entry.method} + {entry.inference} on the frozen {entry.network} at {learner.state.image_size} px)"]
     return PullReport(target, f"zoo entry {entry.name} ({entry.target}@{entry.revision})", entry.revision,
                       record.get("commit"), [BACKBONE_FILE], [BACKBONE_FILE], weights.from_cache, notes, contents(learner))
+
+
+def _pull_package_backbone(entry: ZooEntry, index: ZooIndex, revision: str | None, target: Path) -> PullReport:
+    """``sb pull`` of a backbone entry whose weights come from an installed weight package: no network at all."""
+    if revision is not None:
+        raise ConfigError(f"Zoo entry {entry.name} comes from the installed weight package {entry.target}, which has no "
+                          f"revisions; drop '@{revision}'.")
+    check_output_dir(target, option="-o")
+    seq, run = own_data_options(str(index.recipe_path(entry)))
+    (file_name, digest), = entry.files.items()
+    run = dataclasses.replace(run, pretrained=entry.target, pretrained_sha256=digest)
+    check_run(run)
+    weights = load_weights(run)  # checked against the entry's SHA-256 before the file is read
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with staging(target, "pull") as tmp:  # a SIGKILLed pull's folder is removed by the next pull beside it
+        learner = start_learner(run, tmp, image_size=seq.image_size, weights=weights)
+        move_into_place(tmp, target)
+    record = learner.state.provenance.pretrained or {}
+    notes = [f"this learner has no classes yet: `sb add-task {target} FOLDER --test FOLDER` learns the first ones "
+             f"({entry.method} + {entry.inference} on the frozen {entry.network} at {learner.state.image_size} px)"]
+    return PullReport(target, f"zoo entry {entry.name} ({record.get('package')} {record.get('version')})", None,
+                      None, [file_name], [file_name], False, notes, contents(learner))
