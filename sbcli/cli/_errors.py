@@ -16,9 +16,7 @@ from functools import wraps
 from typing import Any
 
 import typer
-from rich.markup import escape
-
-from sbcli.cli.console import console
+from sbcli.cli.console import console, plain
 from sbcli.errors import SbcliError
 
 ERR = console(stderr=True)
@@ -85,7 +83,7 @@ def report(err: BaseException) -> int:
     if isinstance(err, KeyboardInterrupt):
         ERR.print("[bold red]Interrupted.[/]", highlight=False)
         return INTERRUPTED
-    ERR.print(f"[bold red]Error:[/] {escape(describe(err))}", highlight=False, soft_wrap=True)
+    ERR.print(f"[bold red]Error:[/] {plain(describe(err))}", highlight=False, soft_wrap=True)
     return 1
 
 
