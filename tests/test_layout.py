@@ -67,10 +67,11 @@ ROOT_LEAVES = {
     "metrics": (),
     "jsonutil": (),
     "atomic": (),
+    "text": (),  # user text made safe for a terminal: nothing of sbcli
 }
 ENTRY_POINTS = {"__main__": ("cli",)}  # `python -m sbcli` runs the CLI
 ONLY = {
-    "serve": ("serve", "errors", "data.rgb", "data.pixels"),
+    "serve": ("serve", "errors", "text", "data.rgb", "data.pixels", "data.walk"),
     "data": ("data", "errors", "atomic"),
     "watch": ("watch", "errors"),
     **ROOT_LEAVES,

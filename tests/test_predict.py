@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -178,3 +179,57 @@ def test_onnx_file_without_sbcli_metadata_is_refused(served, tmp_path: Path) -> 
     (tmp_path / "junk.onnx").write_bytes(b"junk")
     with pytest.raises(DataError, match="onnxruntime cannot load"):
         api.predict(tmp_path / "junk.onnx", [served["images"]])
+
+
+HOSTILE = ["[/]", "[/bold]", "[bold red]x", "\x1b[31mred\x1b[0m", "\x1b]0;title\x07"]  # markup, CSI, OSC
+
+
+def test_names_are_shown_as_written_never_as_markup_or_terminal_codes(served, tmp_path: Path) -> None:
+    """Class names and file names that look like rich markup or hold escape sequences are printed as text."""
+    model = onnx.load(str(served["onnx"]))
+    for prop in model.metadata_props:
+        if prop.key == "class_names":
+            prop.value = json.dumps(HOSTILE)
+    onnx.save_model(model, str(tmp_path / "hostile.onnx"))
+    folder = tmp_path / "[bold red]x"
+    for i, (name, image) in enumerate(zip(["[/].png", "[/bold].png", "[bold red]x.png", "\x1b[2Jclear.png"],
+                                          write_images(tmp_path / "plain", 4, seed=3), strict=True)):
+        (folder / str(i) / name).parent.mkdir(parents=True)  # "[/].png": a file "].png" in a folder "["
+        shutil.copy(image, folder / str(i) / name)
+    (folder / "3" / "\x1b[31mbroken.jpg").write_bytes(b"\xff\xd8 not really a jpeg")
+    res = CliRunner().invoke(app, ["predict", str(tmp_path / "hostile.onnx"), str(folder), "-k", "5"],
+                             env={"COLUMNS": "400"})
+    assert res.exit_code == 1, res.output  # the broken file; every other image predicted
+    assert "\x1b" not in res.stdout and "\x1b" not in res.stderr and "\x07" not in res.stdout
+    assert "bug in sbcli" not in res.output
+    for shown in ("[/]", "[/bold]", "[bold red]x", "\\x1b[31mred\\x1b[0m", "\\x1b]0;title\\x07",
+                  "[bold red]x/2/[bold red]x.png", "\\x1b[2Jclear.png", "top 5 of 4 images"):
+        assert shown in res.stdout, shown
+    assert "\\x1b[31mbroken.jpg" in res.stderr and "1 of 5 images could not be read" in res.stderr
+
+
+def test_an_error_naming_a_path_shows_it_as_written(served, tmp_path: Path) -> None:
+    res = CliRunner().invoke(app, ["predict", str(served["onnx"]), str(tmp_path / "[/]\x1b[2J missing.png")])
+    assert res.exit_code == 1 and "\x1b" not in res.output and "bug in sbcli" not in res.output
+    assert "[/]\\x1b[2J missing.png does not exist" in res.stderr
+
+
+def test_a_folder_nested_1500_deep_is_walked_without_recursion(served) -> None:
+    """The walk keeps its own stack (a recursive rglob hit Python's recursion limit at about 1,000 levels)."""
+    # Outside pytest's tmp_path, removed level by level: shutil.rmtree (pytest's clean-up of tmp_path) recurses too.
+    top = tempfile.mkdtemp(prefix="sbcli-deep-")
+    deep = top
+    for _ in range(1500):  # one mkdir a level: os.makedirs itself recurses
+        deep += "/d"
+        os.mkdir(deep)
+    shutil.copy(served["images"] / "img00.png", Path(deep) / "bottom.png")
+    try:
+        res = CliRunner().invoke(app, ["predict", str(served["onnx"]), top, "--json"])
+    finally:
+        os.remove(Path(deep) / "bottom.png")
+        while deep != os.path.dirname(top):
+            os.rmdir(deep)
+            deep = os.path.dirname(deep)
+    assert res.exit_code == 0, res.output
+    (entry,) = json.loads(res.stdout)["predictions"]
+    assert entry["image"].endswith("/d/bottom.png") and entry["image"].split("/").count("d") == 1500

@@ -91,6 +91,9 @@ BAD = [
     (["--max-queue", "0"], "--max-queue"),
     (["--max-queue", "2000000"], "--max-queue must be between 1 and 1e+06"),
     (["--grpc-port", "0"], "--grpc-port"),
+    *[([flag, value], f"{flag} must be") for flag in ("--max-inflight-mb", "--max-request-mb", "--max-image-megapixels",
+                                                     "--max-request-megapixels")
+      for value in ("1e308", "-1e308", "inf", "-inf", "nan", "-1", "0")],  # 1e308: an OverflowError before
     (["--grpc-port", "70000"], "--grpc-port"),
     (["--port", "8123", "--grpc-port", "8123"], "--grpc-port must differ from --port (8123)"),
 ]
@@ -192,7 +195,9 @@ def wait_healthy(proc: subprocess.Popen, url: str, seconds: float = 90) -> dict:
 
 
 def test_log_lines_are_short_when_stderr_is_not_a_terminal(model: Path, tmp_path: Path) -> None:
-    served = tmp_path / "served.onnx"
+    """Short, and the user's text in them shown as text: a folder named like markup and escape codes."""
+    served = tmp_path / "\x1b[31m[bold red]x[" / "]" / "served.onnx"  # "...x[/]/served.onnx"
+    served.parent.mkdir(parents=True)
     served.write_bytes(model.read_bytes())
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -213,3 +218,6 @@ def test_log_lines_are_short_when_stderr_is_not_a_terminal(model: Path, tmp_path
     longest = max(len(line) for line in lines)
     assert longest < 400, f"a log line of {longest} characters"  # before: every log line padded to 100,000
     assert not [line for line in lines if line != line.rstrip()]  # no padding at all
+    assert "\x1b" not in err and "\x07" not in err, err[:2000]  # the folder's ESC is shown, never sent raw
+    assert any("Serving" in line and "\\x1b[31m[bold red]x[/]/served.onnx" in line for line in lines), err[:2000]
+    assert any("Reloaded" in line and "\\x1b[31m[bold red]x[/]/served.onnx" in line for line in lines), err[:2000]

@@ -16,9 +16,8 @@ from functools import wraps
 from typing import Any
 
 import typer
-from rich.markup import escape
 
-from sbcli.cli.console import console
+from sbcli.cli.console import console, plain
 from sbcli.errors import CommittedInterrupt, SbcliError
 
 ERR = console(stderr=True)
@@ -83,13 +82,13 @@ def _is_typer_control(err: BaseException) -> bool:
 def report(err: BaseException) -> int:
     """Print ``err`` as one line on stderr; the exit code to use."""
     if isinstance(err, CommittedInterrupt):  # the learner holds the new step: "Interrupted." alone would say otherwise
-        ERR.print(f"[bold yellow]Interrupted after the save:[/] {escape(str(err))}; nothing of it was lost.",
+        ERR.print(f"[bold yellow]Interrupted after the save:[/] {plain(str(err))}; nothing of it was lost.",
                   highlight=False, soft_wrap=True)
         return INTERRUPTED
     if isinstance(err, KeyboardInterrupt):
         ERR.print("[bold red]Interrupted.[/]", highlight=False)
         return INTERRUPTED
-    ERR.print(f"[bold red]Error:[/] {escape(describe(err))}", highlight=False, soft_wrap=True)
+    ERR.print(f"[bold red]Error:[/] {plain(describe(err))}", highlight=False, soft_wrap=True)
     return 1
 
 

@@ -8,6 +8,10 @@ line sbcli prints (``COLUMNS``, when set, still decides).
 from __future__ import annotations
 
 from rich.console import Console, ConsoleDimensions
+from rich.markup import escape
+from rich.text import Text
+
+from sbcli.text import printable
 
 UNWRAPPED = 100_000  # columns off a terminal: wider than any line or table sbcli prints
 
@@ -26,3 +30,14 @@ class UnwrappedConsole(Console):
 def console(stderr: bool = False, **options: object) -> Console:
     """The console for stdout (results) or stderr (progress, notes, errors)."""
     return UnwrappedConsole(stderr=stderr, **options)  # type: ignore[arg-type]
+
+
+def plain(text: object) -> str:
+    """User text (a path, a class name) for a markup string: shown as written, never read as rich markup
+    (``[bold]``, ``[/]``) nor obeyed by the terminal (control characters are shown as escapes)."""
+    return escape(printable(text))
+
+
+def cell(text: object) -> Text:
+    """User text as a table cell: the same guarantee as :func:`plain`."""
+    return Text(printable(text))

@@ -9,11 +9,10 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.markup import escape
-
 from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import OUT, DeviceOpt, JsonOpt
+from sbcli.cli.console import cell, plain
 
 EPILOG = """Examples:
 
@@ -48,17 +47,17 @@ def predict(
                          open_learner=open_learner)
 
     def show() -> None:
-        render.ERR.print(f"{model}: {report.kind} on provider {report.provider}", highlight=False)
-        predictions = report.predictions
-        table = render.Table(title=f"{model}: top {min(top_k, len(predictions[0].labels))} of {len(predictions)} images "
-                            f"(provider {report.provider})")
+        render.ERR.print(f"{plain(model)}: {report.kind} on provider {report.provider}", highlight=False)
+        predictions = report.predictions  # file paths and class names are the user's text: cells, never markup
+        table = render.Table(title=cell(f"{model}: top {min(top_k, len(predictions[0].labels))} of {len(predictions)} "
+                                        f"images (provider {report.provider})"))
         table.add_column("image")
         table.add_column("label")
         table.add_column("probability", justify="right")
         table.add_column("next", justify="left")
         for p in predictions:
             rest = ", ".join(f"{n} {100 * q:.1f} %" for n, q in zip(p.labels[1:], p.probabilities[1:], strict=True))
-            table.add_row(p.image, p.labels[0], f"{100 * p.probabilities[0]:.1f} %", rest)
+            table.add_row(cell(p.image), cell(p.labels[0]), f"{100 * p.probabilities[0]:.1f} %", cell(rest))
         render.OUT.print(table)
 
     render.Output(json_out).result(report.to_json(), show)
@@ -70,7 +69,7 @@ def _fail_if_any(failed: list, predicted: int, render: Any) -> None:
     if not failed:
         return
     for failure in failed:
-        render.ERR.print(f"[bold red]Error:[/] {escape(failure.error)}", highlight=False, soft_wrap=True)
+        render.ERR.print(f"[bold red]Error:[/] {plain(failure.error)}", highlight=False, soft_wrap=True)
     render.ERR.print(f"{len(failed)} of {predicted + len(failed)} images could not be read; the other {predicted} "
                      "were predicted.", highlight=False, soft_wrap=True)
     raise typer.Exit(1)

@@ -9,6 +9,7 @@ import typer
 
 from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
+from sbcli.cli.console import plain
 
 NET, BATCH, GPU = "Network", "Batching and limits", "GPU (onnxruntime-gpu)"
 
@@ -73,12 +74,12 @@ def serve(
     from sbcli.cli import render
     from sbcli.export.serving import EXPORTER
     from sbcli.serve.app import ServeConfig
-    from sbcli.serve.server import Listen, megabytes, megapixels, prepare, run
+    from sbcli.serve.server import MAX_REQUEST_MB, Listen, megabytes, megapixels, prepare, run
 
     inflight = None if max_inflight_mb is None else megabytes("--max-inflight-mb", max_inflight_mb)
     listen = Listen(host, port, workers, grpc_port=grpc_port)
     cfg = ServeConfig(tuple(map(str, models)), provider, top_k, max_batch_size, max_wait_ms,
-                      megabytes("--max-request-mb", max_request_mb), max_images, reload_interval, threads, cuda_graph,
+                      megabytes("--max-request-mb", max_request_mb, MAX_REQUEST_MB), max_images, reload_interval, threads, cuda_graph,
                       trt_fp16, str(trt_cache) if trt_cache else None,
                       max_image_pixels=megapixels("--max-image-megapixels", max_image_megapixels),
                       max_request_pixels=megapixels("--max-request-megapixels", max_request_megapixels),
@@ -87,13 +88,13 @@ def serve(
     server = prepare(cfg, listen)
     for served in server.models.served.values():
         meta = served.describe()
-        render.ERR.print(f"Serving {served.source} as {served.name!r} ({len(meta['classes'])} classes, input "
+        render.ERR.print(f"Serving {plain(served.source)} as {plain(repr(served.name))} ({len(meta['classes'])} classes, input "
                          f"{meta['input_size']}, provider {meta['provider']})", highlight=False)
-    render.ERR.print(f"on http://{host}:{port} with {workers} worker(s); batches of up to {max_batch_size} within "
+    render.ERR.print(f"on http://{plain(host)}:{port} with {workers} worker(s); batches of up to {max_batch_size} within "
                      f"{max_wait_ms:g} ms, at most {max_queue} requests waiting", highlight=False)
     names = list(server.models.served)
     where = f"/v2/models/{names[0]}" if len(names) == 1 else f"/v2/models/NAME (NAME: {', '.join(names)})"
-    render.ERR.print(f"Open Inference Protocol (KServe v2) at http://{host}:{port}{where} (versions: the learners' "
+    render.ERR.print(f"Open Inference Protocol (KServe v2) at http://{plain(host)}:{port}{plain(where)} (versions: the learners' "
                      "kept steps, default the latest); Prometheus metrics at /metrics"
                      + (f"; gRPC at {listen.grpc_listen}" if grpc_port else ""), highlight=False)
     run(server, listen)

@@ -6,6 +6,7 @@ squared distances, so these are relative, not calibrated).
 
 from __future__ import annotations
 
+import stat
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from sbcli.data.pixels import read_image_file  # regular files only, the size checked first
+from sbcli.data.walk import walk_stats  # iterative: a folder nested thousands deep is no RecursionError
 from sbcli.errors import ConfigError, DataError
 from sbcli.serve.model import Classifier, LearnerOpener, open_classifier
 from sbcli.serve.preprocess import IMAGE_EXTENSIONS, Preprocess
@@ -60,18 +62,19 @@ class PredictReport:
 
 
 def find_images(paths: Sequence[Path]) -> list[Path]:
-    """Image files named directly, plus every image below the folders named (sorted).
+    """Image files named directly, plus every image below the folders named (sorted), symlinks followed as the
+    training walk follows them.
 
     Raises:
-        DataError: a path does not exist, or no image was found.
+        DataError: a path does not exist, a symlink loops or dangles, or no image was found.
     """
     found: list[Path] = []
     for path in map(Path, paths):
         if path.is_file():
             found.append(path)
         elif path.is_dir():
-            found += sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_EXTENSIONS
-                            and not p.name.startswith("."))
+            found += sorted(p for p, st in walk_stats(path) if stat.S_ISREG(st.st_mode)
+                            and p.suffix.lower() in IMAGE_EXTENSIONS and not p.name.startswith("."))
         else:
             raise DataError(f"{path} does not exist; give image files or folders of images.")
     if not found:

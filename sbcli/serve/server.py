@@ -16,6 +16,7 @@ process can listen on, the models' names distinct, and grpcio installed when gRP
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 import socket
@@ -29,10 +30,12 @@ from sbcli.errors import ConfigError, ExportError
 from sbcli.serve.app import CONFIG_ENV, ServeConfig, Server, create_app
 from sbcli.serve.batching import BatchConfig
 from sbcli.serve.providers import CHOICES
+from sbcli.text import printable
 
 MIB = 2**20
 MAX_REQUEST_MB = 1024.0  # a request is held whole in memory
 MAX_INFLIGHT_MB = 65536.0
+MAX_MEGAPIXELS = 1e6  # a bound on either pixel limit (a million megapixels would need about 4 TB to decode)
 MAX_WAIT_MS = 60_000.0  # a longer wait to fill a batch only delays every answer
 MAX_RELOAD_INTERVAL_S = 86_400.0
 MIN_REQUEST_TIMEOUT_S, MAX_REQUEST_TIMEOUT_S = 0.01, 3600.0
@@ -73,13 +76,22 @@ def finite(flag: str, value: float) -> float:
     return value
 
 
-def megabytes(flag: str, value: float) -> int:
-    """``value`` MiB as bytes (before conversion: NaN or infinity cannot become a whole number)."""
-    return round(finite(flag, value) * MIB)
+def scaled(flag: str, value: float, unit: float, high: float) -> int:
+    """``value`` times ``unit`` as a whole number, refused (ConfigError naming ``flag``) unless it is above 0 and at
+    most ``high``: checked before the product, which NaN, infinity or 1e308 would make no whole number at all."""
+    if not 0 < finite(flag, value) <= high:
+        raise ConfigError(f"{flag} must be above 0 and at most {high:g}, not {value:g}.")
+    return round(value * unit)
+
+
+def megabytes(flag: str, value: float, high: float = MAX_INFLIGHT_MB) -> int:
+    """``value`` MiB as bytes (the finer range of each option is checked with the others, :func:`check_bytes`)."""
+    return scaled(flag, value, MIB, high)
 
 
 def megapixels(flag: str, value: float) -> int:
-    return round(finite(flag, value) * 1e6)
+    """``value`` megapixels as pixels (Pillow's threshold and their order are checked later, :func:`check_pixels`)."""
+    return scaled(flag, value, 1e6, MAX_MEGAPIXELS)
 
 
 def within(flag: str, value: float, low: float, high: float | None = None) -> None:
@@ -231,7 +243,22 @@ def log_config() -> dict[str, Any]:
 
     config = copy.deepcopy(LOGGING_CONFIG)
     config["loggers"]["sbcli"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    config.setdefault("filters", {})["printable"] = {"()": f"{__name__}.PrintableLog"}
+    for handler in config["handlers"].values():
+        handler.setdefault("filters", []).append("printable")
     return config
+
+
+class PrintableLog(logging.Filter):
+    """A log line's user text (paths, model names, a request's path) with its control characters shown as escapes,
+    so that a name cannot drive the terminal the log is read on (:func:`sbcli.text.printable`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str):
+            record.msg = printable(record.msg)
+        if isinstance(record.args, tuple):  # uvicorn's access lines read their fields from the arguments
+            record.args = tuple(a if isinstance(a, int | float) else printable(a) for a in record.args)
+        return True
 
 
 def uvicorn_options(listen: Listen, cfg: ServeConfig) -> dict[str, Any]:
