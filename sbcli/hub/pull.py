@@ -10,6 +10,7 @@ the learner names must match the SHA-256 and size its own ``learner.json`` recor
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sbcli.atomic import staging
+from sbcli.atomic import NAME_MAX, staging
 from sbcli.errors import ConfigError, ExportError, LearnerError
 from sbcli.hub.client import HubConfig, check_repo_id, check_revision, copy_files, evict_cached, fetch, safe_relpath
 from sbcli.hub.zoo import ZooEntry, ZooIndex, hash_error, load_index, mismatched_files
@@ -137,8 +138,10 @@ def resolve(ref: Ref, index: ZooIndex, cfg: HubConfig) -> Source:
 
 def default_target(ref: Ref) -> Path:
     """``./NAME`` or ``./NAME-REVISION`` in the working directory."""
-    base = ref.name.split("/")[-1] + (f"-{ref.revision}" if ref.revision else "")
-    return Path.cwd() / re.sub(r"[^A-Za-z0-9._-]", "-", base)
+    base = re.sub(r"[^A-Za-z0-9._-]", "-", ref.name.split("/")[-1] + (f"-{ref.revision}" if ref.revision else ""))
+    if len(base) > NAME_MAX:  # a long revision: its end becomes a hash, so that the name fits
+        base = base[: NAME_MAX - 17] + "-" + hashlib.sha256(base.encode()).hexdigest()[:16]
+    return Path.cwd() / base
 
 
 def install(source: Source, target: Path) -> tuple[list[str], dict[str, Any]]:

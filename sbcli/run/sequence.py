@@ -225,9 +225,10 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
         seen = ordered[: sum(scenario.sizes[: step + 1])]
         summary_ = _learn(learner, opened, new, seen, ordered, record, device, run.seed, watchers, seq.test_sample)
         save_from_main(learner, out, keep)
-        watchers.on_step(summary_)
-        if on_step and distributed.is_main_process():
-            on_step(summary_)
+        with after_commit(out, learner.state.steps):  # telling of a step already saved
+            watchers.on_step(summary_)
+            if on_step and distributed.is_main_process():
+                on_step(summary_)
     return learner
 
 

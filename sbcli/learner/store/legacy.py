@@ -31,6 +31,7 @@ LOG = logging.getLogger(__name__)
 # What 0.1 named them: a process id (Linux's largest is 2**22), and tempfile.mkdtemp's random part.
 OLD_SUFFIX = re.compile(r"old-[1-9][0-9]{0,6}")
 TMP_SUFFIX = re.compile(r"tmp-[a-z0-9_]{8}")
+MAX_STATE_BYTES = 64 << 20
 V1_NAMES = frozenset({STATE_FILE, *V1_FILES.values()})  # all a 0.1 save wrote in either folder
 
 
@@ -85,6 +86,8 @@ def left_by_0_1(folder: Path, target: Path) -> bool:
 
 def _format(path: Path) -> object:
     try:
+        if path.stat().st_size > MAX_STATE_BYTES:  # no learner.json of 0.1 was that large: not one
+            return None
         data = json.loads(path.read_bytes())
     except (OSError, ValueError):
         return None
