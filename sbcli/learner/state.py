@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
+from safetensors.torch import save as safetensors_bytes
 
 from sbcli.data.device import Normalization
 from sbcli.engine.loop import TrainConfig
@@ -156,13 +157,18 @@ class Learner:
                                "unchanged: free some space or fix the permissions and run the command again.") from err
 
     def publish(self, folder: Path) -> None:
-        """Write the current step alone into the new folder ``folder``, files at the root (for the Hub)."""
-        payload, blocks = self._payload()
-        write_flat(Path(folder), payload, self.state.to_json(), blocks)
+        """Write the current step alone into the new folder ``folder``, files at the root (for the Hub).
 
-    def _payload(self) -> tuple[dict[str, bytes], dict[str, bytes]]:
+        Its files are whole (no blocks): a published ``model.safetensors`` is the network's weights as any
+        safetensors reader (``--pretrained OWNER/NAME``, timm, a script) expects them.
+        """
+        payload, _ = self._payload(blocks=False)
+        write_flat(Path(folder), payload, self.state.to_json())
+
+    def _payload(self, blocks: bool = True) -> tuple[dict[str, bytes], dict[str, bytes]]:
         """The per-step files other than the state, as bytes (keys of ``sbcli.learner.store.layout.STEP_FILES``),
-        and the content-addressed blocks they name (SHA-256 -> bytes: :mod:`sbcli.learner.store.objects`)."""
+        and the content-addressed blocks they name (SHA-256 -> bytes: :mod:`sbcli.learner.store.objects`);
+        ``blocks`` False: every tensor in its file, no block."""
         tensors = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
         tensors.update({EXTRA_PREFIX + k: v.detach().cpu().contiguous() for k, v in self.extra.items()})
         images, labels = self.memory.tensors()
@@ -170,13 +176,16 @@ class Learner:
         if self.test_sample is not None:
             files["test_sample"] = self.test_sample.tensors()
         payload: dict[str, bytes] = {}
-        blocks: dict[str, bytes] = {}
+        named_blocks: dict[str, bytes] = {}
         for key, named in files.items():
+            if not blocks:
+                payload[key] = safetensors_bytes(named)
+                continue
             cuts = {"images": objects.class_cuts(named["labels"])} if "labels" in named else None
             stored = objects.split(named, cuts)
             payload[key] = stored.data
-            blocks.update(stored.blocks)
-        return payload, blocks
+            named_blocks.update(stored.blocks)
+        return payload, named_blocks
 
     @classmethod
     def load(cls, path: Path, device: torch.device | str = "cpu", step: int | None = None) -> "Learner":
