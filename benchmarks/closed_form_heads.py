@@ -193,8 +193,8 @@ def grow_simplecil(feats: dict, order: list[int], tasks: int) -> list[dict]:
         seen = (t + 1) * size
         new = (train_y >= t * size) & (train_y < seen)
         start = time.perf_counter()
-        state, scale = simplecil.fit_step(state, F.normalize(feats["train"][new], dim=1), train_y[new],
-                                          range(t * size, seen), t)
+        normed = F.normalize(feats["train"][new], dim=1)
+        state, scale = simplecil.fit_step(state, normed, normed, train_y[new], range(t * size, seen), t)
         seconds = time.perf_counter() - start
         test = test_y < seen
         scores = scale * F.normalize(feats["test"][test], dim=1) @ F.normalize(state.prototypes, dim=1).T
