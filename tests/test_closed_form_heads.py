@@ -128,3 +128,27 @@ def test_an_lda_learner_grows_evaluates_and_exports_its_head(lda_learner, tmp_pa
     assert learner.state.history[-1].record["calibrated_on"] == 4 * min(ranpac.BANK_PER_CLASS, 24)
     report = api.export_onnx(lda_learner, tmp_path / "m.onnx")
     assert report.inference == "lda" and report.parity.argmax_agreement == 1.0
+
+
+def test_a_learner_saved_before_the_bank_and_counts_still_grows_and_refuses_lda_in_one_sentence():
+    from sbcli.errors import LearnerError
+
+    feats, labels = features(200, 4, seed=5)
+    first = labels < 2
+    state, head_w, _ = ranpac.fit_step(ranpac.RidgeState.start(feats.shape[1], ranpac.Config(projection=32), 0),
+                                       feats[first], labels[first], 2, None, seed=0)
+    older = {k: v for k, v in state.tensors().items() if k in (ranpac.GRAM, ranpac.TARGETS, ranpac.PROJECTION_KEY)}
+    stored = ranpac.RidgeState.stored(older, 2)
+    assert stored.counts is None and stored.bank is None
+    grown, _, chosen = ranpac.fit_step(stored, feats[~first], labels[~first], 4, None, seed=1)
+    assert chosen["calibrated_on"] == 2 * ranpac.BANK_PER_CLASS  # the new classes' bank alone
+    assert sorted(grown.bank_labels.unique().tolist()) == [2, 3]
+    with pytest.raises(LearnerError, match="grow it with --inference ridge"):
+        ranpac.fit_step(stored, feats[~first], labels[~first], 4, None, seed=1, head="lda")
+    protos = simplecil.class_prototypes(feats[first], labels[first], range(2))
+    old = simplecil.PrototypeState.stored({simplecil.PROTOTYPES_KEY: protos}, 2)
+    from torch.nn import functional as F
+
+    f = F.normalize(feats[~first], dim=1)
+    grown_p, scale = simplecil.fit_step(old, f, f, labels[~first], range(2, 4), 1)
+    assert grown_p.counts is None and grown_p.prototypes.shape[0] == 4 and scale >= 1
