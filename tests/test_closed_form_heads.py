@@ -152,3 +152,28 @@ def test_a_learner_saved_before_the_bank_and_counts_still_grows_and_refuses_lda_
     f = F.normalize(feats[~first], dim=1)
     grown_p, scale = simplecil.fit_step(old, f, f, labels[~first], range(2, 4), 1)
     assert grown_p.counts is None and grown_p.prototypes.shape[0] == 4 and scale >= 1
+
+
+@pytest.mark.parametrize("head", ["ridge", "lda"])
+def test_more_images_of_known_classes_are_one_more_exact_accumulation(head):
+    """A step of new images of classes already learned (with one new class) gives the sums and counts of one
+    fit on every image, and the head solved from them at the same strength (the library step; `sb add-task`
+    does not yet take known class names)."""
+    feats, labels = features(360, 6, seed=6)
+    half = torch.arange(len(labels)) < 180
+    first = half & (labels < 5)
+    second = ~half & (labels != 4)  # more images of classes 0-3 and the first images of class 5
+    cfg = ranpac.Config(projection=48)
+    state = ranpac.RidgeState.start(feats.shape[1], cfg, seed=2)
+    state, _, _ = ranpac.fit_step(state, feats[first], labels[first], 5, 10.0, seed=0, head=head)
+    state, head_w, chosen = ranpac.fit_step(state, feats[second], labels[second], 6, 10.0, seed=1, head=head)
+    both = first | second
+    h = ranpac.project(feats[both], state.projection)
+    torch.testing.assert_close(state.gram, h.T @ h, rtol=1e-10, atol=1e-8)
+    torch.testing.assert_close(state.targets, h.T @ ranpac.one_hot(labels[both], 6), rtol=1e-10, atol=1e-8)
+    torch.testing.assert_close(state.counts, torch.bincount(labels[both], minlength=6).double())
+    assert int((state.bank_labels == 0).sum()) <= ranpac.BANK_PER_CLASS
+    if head == "ridge":
+        joint = torch.linalg.solve(h.T @ h + 10.0 * torch.eye(h.shape[1], dtype=h.dtype),
+                                   h.T @ ranpac.one_hot(labels[both], 6))
+        torch.testing.assert_close(head_w.double() * chosen["temperature"], joint.T, rtol=1e-5, atol=1e-6)

@@ -285,8 +285,8 @@ def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, cl
     if head == "lda" and counts is None:
         raise LearnerError("This learner was saved before its ridge sums counted images per class, which an LDA head "
                            "needs; grow it with --inference ridge.")
-    chosen: float | None = ridge
-    if held.any() and (chosen is None or head == "lda"):
+    chosen: float | None = None if head == "lda" else ridge  # --ridge is the ridge head's strength alone
+    if held.any() and chosen is None:
         fit_g, fit_q = accumulate(state.gram, state.targets, h[~held], y[~held])
         if head == "lda":
             fit_n = state.counts + torch.bincount(labels[~held].long(), minlength=classes).double()
@@ -295,7 +295,7 @@ def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, cl
             chosen = choose_ridge(fit_g, fit_q, h[held], y[held])
     chosen = chosen if chosen is not None else (lda.SHRINKAGES[-1] if head == "lda" else 1.0)
     gram, targets = accumulate(state.gram, state.targets, h, y)
-    new_rows = bank_rows(labels, BANK_PER_CLASS, seed)
+    new_rows = bank_rows(labels, BANK_PER_CLASS, seed, state.bank_labels)
     bank = features[new_rows].float() if state.bank is None else torch.cat([state.bank, features[new_rows].float()])
     bank_labels = labels[new_rows].long() if state.bank_labels is None else torch.cat([state.bank_labels,
                                                                                        labels[new_rows].long()])
