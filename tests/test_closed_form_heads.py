@@ -107,6 +107,10 @@ def test_lda_is_offered_by_ranpac_alone():
     assert RULES.get("lda").scoring is not None
     assert ranpac.Config(inference="lda").inference == "lda"
     assert "lda" not in simplecil.Config.RULES
+    from sbcli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="drop --ridge"):
+        ranpac.Config(inference="lda", ridge=10.0)
 
 
 @pytest.fixture(scope="module")

@@ -72,6 +72,9 @@ class Config(MethodConfig):
         if not isinstance(self.adapt_epochs, int) or self.adapt_epochs < 0:
             raise ConfigError(f"--adapt-epochs {self.adapt_epochs} is not a count of epochs; give 0 (a frozen "
                               "backbone) or more.")
+        if self.ridge is not None and self.inference == "lda":
+            raise ConfigError("--ridge is the ridge head's strength; --inference lda chooses its own shrinkage on "
+                              "held-back images: drop --ridge.")
 
 
 # -- the equations ------------------------------------------------------------------------------
