@@ -263,7 +263,7 @@ def report(path: Path) -> None:
         for key in dict.fromkeys((r["head"], r["projection"]) for r in mine):
             runs = [r for r in mine if (r["head"], r["projection"]) == key]
 
-            def mean(f) -> float:
+            def mean(f, runs: list[dict] = runs) -> float:
                 return statistics.mean(f(r) for r in runs)
 
             print(f"| {key[0]} | {'-' if key[1] is None else key[1]} | {len(runs)} | "

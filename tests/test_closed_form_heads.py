@@ -31,7 +31,8 @@ def grow(feats, labels, head: str, projection: int, tasks: int = 3):
     per = int(labels.max()) // tasks + 1
     for t in range(tasks):
         mask = (labels >= per * t) & (labels < per * (t + 1))
-        state, head_w, chosen = ranpac.fit_step(state, feats[mask], labels[mask], per * (t + 1), None, seed=t, head=head)
+        state, head_w, chosen = ranpac.fit_step(state, feats[mask], labels[mask], per * (t + 1), None, seed=t,
+                                                head=head)
     return state, head_w, chosen
 
 

@@ -284,7 +284,8 @@ def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, cl
     state = state.grown(classes)
     h, y = project(features, state.projection), one_hot(labels, classes)
     held = held_back_split(labels, HELD_BACK, seed)
-    counts = state.counts + torch.bincount(labels.long(), minlength=classes).double() if state.counts is not None else None
+    added = torch.bincount(labels.long(), minlength=classes).double()
+    counts = None if state.counts is None else state.counts + added
     if head == "lda" and counts is None:
         raise LearnerError("This learner was saved before its ridge sums counted images per class, which an LDA head "
                            "needs; grow it with --inference ridge.")
