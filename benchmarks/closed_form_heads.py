@@ -193,8 +193,8 @@ def grow_simplecil(feats: dict, order: list[int], tasks: int) -> list[dict]:
         seen = (t + 1) * size
         new = (train_y >= t * size) & (train_y < seen)
         start = time.perf_counter()
-        state, scale = simplecil.fit_step(state, F.normalize(feats["train"][new], dim=1), train_y[new],
-                                          range(t * size, seen), t)
+        normed = F.normalize(feats["train"][new], dim=1)
+        state, scale = simplecil.fit_step(state, normed, normed, train_y[new], range(t * size, seen), t)
         seconds = time.perf_counter() - start
         test = test_y < seen
         scores = scale * F.normalize(feats["test"][test], dim=1) @ F.normalize(state.prototypes, dim=1).T
@@ -263,7 +263,7 @@ def report(path: Path) -> None:
         for key in dict.fromkeys((r["head"], r["projection"]) for r in mine):
             runs = [r for r in mine if (r["head"], r["projection"]) == key]
 
-            def mean(f) -> float:
+            def mean(f, runs: list[dict] = runs) -> float:
                 return statistics.mean(f(r) for r in runs)
 
             print(f"| {key[0]} | {'-' if key[1] is None else key[1]} | {len(runs)} | "

@@ -57,7 +57,8 @@ class StepMetrics:
             return math.nan if v is None else v  # null (strict JSON) or absent: not measured (one NaN object, as json reads NaN)
 
         return cls(value(data["overall"]), [value(v) for v in data["per_task"]], value(data.get("old")),
-                   value(data.get("new")), value(data.get("intra_old")), value(data.get("intra_new")), data.get("counts"))
+                   value(data.get("new")), value(data.get("intra_old")), value(data.get("intra_new")),
+                   data.get("counts"))
 
 
 def step_metrics(scores: torch.Tensor, labels: torch.Tensor, task_of_class: list[int]) -> StepMetrics:

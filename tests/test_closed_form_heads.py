@@ -31,7 +31,8 @@ def grow(feats, labels, head: str, projection: int, tasks: int = 3):
     per = int(labels.max()) // tasks + 1
     for t in range(tasks):
         mask = (labels >= per * t) & (labels < per * (t + 1))
-        state, head_w, chosen = ranpac.fit_step(state, feats[mask], labels[mask], per * (t + 1), None, seed=t, head=head)
+        state, head_w, chosen = ranpac.fit_step(state, feats[mask], labels[mask], per * (t + 1), None, seed=t,
+                                                head=head)
     return state, head_w, chosen
 
 
@@ -107,6 +108,10 @@ def test_lda_is_offered_by_ranpac_alone():
     assert RULES.get("lda").scoring is not None
     assert ranpac.Config(inference="lda").inference == "lda"
     assert "lda" not in simplecil.Config.RULES
+    from sbcli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="drop --ridge"):
+        ranpac.Config(inference="lda", ridge=10.0)
 
 
 @pytest.fixture(scope="module")
@@ -128,3 +133,52 @@ def test_an_lda_learner_grows_evaluates_and_exports_its_head(lda_learner, tmp_pa
     assert learner.state.history[-1].record["calibrated_on"] == 4 * min(ranpac.BANK_PER_CLASS, 24)
     report = api.export_onnx(lda_learner, tmp_path / "m.onnx")
     assert report.inference == "lda" and report.parity.argmax_agreement == 1.0
+
+
+def test_a_learner_saved_before_the_bank_and_counts_still_grows_and_refuses_lda_in_one_sentence():
+    from sbcli.errors import LearnerError
+
+    feats, labels = features(200, 4, seed=5)
+    first = labels < 2
+    state, head_w, _ = ranpac.fit_step(ranpac.RidgeState.start(feats.shape[1], ranpac.Config(projection=32), 0),
+                                       feats[first], labels[first], 2, None, seed=0)
+    older = {k: v for k, v in state.tensors().items() if k in (ranpac.GRAM, ranpac.TARGETS, ranpac.PROJECTION_KEY)}
+    stored = ranpac.RidgeState.stored(older, 2)
+    assert stored.counts is None and stored.bank is None
+    grown, _, chosen = ranpac.fit_step(stored, feats[~first], labels[~first], 4, None, seed=1)
+    assert chosen["calibrated_on"] == 2 * ranpac.BANK_PER_CLASS  # the new classes' bank alone
+    assert sorted(grown.bank_labels.unique().tolist()) == [2, 3]
+    with pytest.raises(LearnerError, match="grow it with --inference ridge"):
+        ranpac.fit_step(stored, feats[~first], labels[~first], 4, None, seed=1, head="lda")
+    protos = simplecil.class_prototypes(feats[first], labels[first], range(2))
+    old = simplecil.PrototypeState.stored({simplecil.PROTOTYPES_KEY: protos}, 2)
+    from torch.nn import functional as F
+
+    f = F.normalize(feats[~first], dim=1)
+    grown_p, scale = simplecil.fit_step(old, f, f, labels[~first], range(2, 4), 1)
+    assert grown_p.counts is None and grown_p.prototypes.shape[0] == 4 and scale >= 1
+
+
+@pytest.mark.parametrize("head", ["ridge", "lda"])
+def test_more_images_of_known_classes_are_one_more_exact_accumulation(head):
+    """A step of new images of classes already learned (with one new class) gives the sums and counts of one
+    fit on every image, and the head solved from them at the same strength (the library step; `sb add-task`
+    does not yet take known class names)."""
+    feats, labels = features(360, 6, seed=6)
+    half = torch.arange(len(labels)) < 180
+    first = half & (labels < 5)
+    second = ~half & (labels != 4)  # more images of classes 0-3 and the first images of class 5
+    cfg = ranpac.Config(projection=48)
+    state = ranpac.RidgeState.start(feats.shape[1], cfg, seed=2)
+    state, _, _ = ranpac.fit_step(state, feats[first], labels[first], 5, 10.0, seed=0, head=head)
+    state, head_w, chosen = ranpac.fit_step(state, feats[second], labels[second], 6, 10.0, seed=1, head=head)
+    both = first | second
+    h = ranpac.project(feats[both], state.projection)
+    torch.testing.assert_close(state.gram, h.T @ h, rtol=1e-10, atol=1e-8)
+    torch.testing.assert_close(state.targets, h.T @ ranpac.one_hot(labels[both], 6), rtol=1e-10, atol=1e-8)
+    torch.testing.assert_close(state.counts, torch.bincount(labels[both], minlength=6).double())
+    assert int((state.bank_labels == 0).sum()) <= ranpac.BANK_PER_CLASS
+    if head == "ridge":
+        joint = torch.linalg.solve(h.T @ h + 10.0 * torch.eye(h.shape[1], dtype=h.dtype),
+                                   h.T @ ranpac.one_hot(labels[both], 6))
+        torch.testing.assert_close(head_w.double() * chosen["temperature"], joint.T, rtol=1e-5, atol=1e-6)

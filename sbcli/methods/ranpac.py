@@ -75,6 +75,9 @@ class Config(MethodConfig):
         if not isinstance(self.adapt_epochs, int) or self.adapt_epochs < 0:
             raise ConfigError(f"--adapt-epochs {self.adapt_epochs} is not a count of epochs; give 0 (a frozen "
                               "backbone) or more.")
+        if self.ridge is not None and self.inference == "lda":
+            raise ConfigError("--ridge is the ridge head's strength; --inference lda chooses its own shrinkage on "
+                              "held-back images: drop --ridge.")
 
 
 # -- the equations ------------------------------------------------------------------------------
@@ -303,12 +306,13 @@ def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, cl
 
     state = state.grown(classes)
     held = held_back_split(labels, HELD_BACK, seed, MAX_HELD_BACK)
-    counts = state.counts + torch.bincount(labels.long(), minlength=classes).double() if state.counts is not None else None
+    added = torch.bincount(labels.long(), minlength=classes).double()
+    counts = None if state.counts is None else state.counts + added
     if head == "lda" and counts is None:
         raise LearnerError("This learner was saved before its ridge sums counted images per class, which an LDA head "
                            "needs; grow it with --inference ridge.")
-    chosen: float | None = ridge
-    if held.any() and (chosen is None or head == "lda"):
+    chosen: float | None = None if head == "lda" else ridge  # --ridge is the ridge head's strength alone
+    if held.any() and chosen is None:
         fit_g, fit_q = accumulate_rows(state.gram, state.targets, features[~held], labels[~held], classes,
                                        state.projection)
         held_h = project(features[held], state.projection)
@@ -319,7 +323,7 @@ def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, cl
             chosen = choose_ridge(fit_g, fit_q, held_h, one_hot(labels[held], classes))
     chosen = chosen if chosen is not None else (lda.SHRINKAGES[-1] if head == "lda" else 1.0)
     gram, targets = accumulate_rows(state.gram, state.targets, features, labels, classes, state.projection)
-    new_rows = bank_rows(labels, BANK_PER_CLASS, seed)
+    new_rows = bank_rows(labels, BANK_PER_CLASS, seed, state.bank_labels)
     bank = features[new_rows].float() if state.bank is None else torch.cat([state.bank, features[new_rows].float()])
     bank_labels = labels[new_rows].long() if state.bank_labels is None else torch.cat([state.bank_labels,
                                                                                        labels[new_rows].long()])

@@ -139,15 +139,17 @@ def fit_scale(feats: torch.Tensor, labels: torch.Tensor, protos: torch.Tensor, t
     return 1.0 / fit_temperature(scores, labels[pick], tuple(1.0 / s for s in SCALES))
 
 
-def bank_rows(labels: torch.Tensor, per_class: int, seed: int) -> torch.Tensor:
-    """Indices of up to ``per_class`` images of each class in ``labels`` (drawn by ``seed``), in label order."""
+def bank_rows(labels: torch.Tensor, per_class: int, seed: int, banked: torch.Tensor | None = None) -> torch.Tensor:
+    """Indices of up to ``per_class`` images of each class in ``labels`` (drawn by ``seed``), in label order; a
+    class with rows in ``banked`` (the labels already in the bank) gets only what it lacks."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
     picked = []
     for c in labels.unique():
         idx = (labels == c).nonzero().flatten()
-        picked.append(idx[torch.randperm(len(idx), generator=gen)[:per_class]].sort().values)
+        room = per_class - (0 if banked is None else int((banked == c).sum()))
+        picked.append(idx[torch.randperm(len(idx), generator=gen)[:max(room, 0)]].sort().values)
     return torch.cat(picked) if picked else torch.zeros(0, dtype=torch.int64)
 
 
