@@ -43,7 +43,8 @@ from sbcli.methods.memory import ExemplarMemory
 from sbcli.nets import create_model
 from sbcli.nets.resnet import IncrementalResNet
 
-EXTRA_PREFIX = "extra."
+EXTRA_PREFIX = validate.tensors.EXTRA_PREFIX  # a method's own tensors in model.safetensors: "extra." + name
+
 
 @dataclass
 class LearnerState:
