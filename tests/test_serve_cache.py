@@ -80,3 +80,47 @@ def test_a_learner_named_255_bytes_is_exported_for_serving_on_a_read_only_home(r
     assert out.is_file() and out.parent.parent == read_only_home and len(out.name.encode()) < 255
     assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []  # no temporary file left
     assert os.access(out, os.R_OK)
+
+
+def test_a_learner_is_ready_after_its_current_step_and_exports_the_others_on_demand(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Cold: only the current step is exported before the server is ready; step 1 on its first request. Warm: the
+    same learner served again from the cache starts no interpreter at all (each would import torch)."""
+    import json
+
+    from test_serve_http import call, running, wait_until
+
+    from sbcli.export import serving
+    from sbcli.export.serving import EXPORTER
+    from sbcli.serve.app import ServeConfig
+
+    def listed(url: str) -> list[dict]:
+        index = call(f"{url}/v2/repository/index", b"{}", "application/json")[1]
+        return index if all("version" in e for e in index) else []  # not while loading
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv(cache.CACHE_ENV, raising=False)
+    learner = tmp_path / "grown"
+    make_learner("std", tasks=(3,)).save(learner)
+    make_learner("std", tasks=(3, 2), seed=1).save(learner)
+    body = json.dumps({"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 3, 16, 16],
+                                   "data": [0.5] * 768}]}).encode()
+    cfg = ServeConfig(str(learner), reload_interval_s=0, exporter=EXPORTER)
+    with running(cfg) as (url, _):
+        index = wait_until(lambda: listed(url), "the versions were never listed", every_s=0.1)
+        assert [(e["version"], e["state"]) for e in index] == [("1", "UNAVAILABLE"), ("2", "READY")]
+        assert "first request" in index[0]["reason"]
+        assert call(f"{url}/v2/models/grown")[1]["versions"] == ["1", "2"]
+        status, answer = call(f"{url}/v2/models/grown/versions/1/infer", body, "application/json")
+        assert status == 200 and answer["model_version"] == "1" and answer["outputs"][0]["shape"] == [1, 3]
+        index = call(f"{url}/v2/repository/index", b"{}", "application/json")[1]
+        assert [(e["version"], e["state"]) for e in index] == [("1", "READY"), ("2", "READY")]
+
+    def no_interpreter(*args: str) -> None:
+        raise AssertionError(f"a warm start exported or listed in a child interpreter: {args}")
+
+    monkeypatch.setattr(serving, "_in_child", no_interpreter)
+    with running(cfg) as (url, _):
+        index = wait_until(lambda: listed(url), "the versions were never listed", every_s=0.1)
+        assert [(e["version"], e["state"]) for e in index] == [("1", "READY"), ("2", "READY")]
+        assert call(f"{url}/v2/models/grown/versions/1/infer", body, "application/json")[0] == 200
