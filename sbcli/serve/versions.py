@@ -5,8 +5,7 @@
   export and one listing of the steps (no export when the cache holds it). Each other kept step is opened from the serve cache when
   an earlier run exported it (the cache is keyed by the step's own bytes), and otherwise listed as
   *pending*: the first request for it exports it (by the exporter the caller names) and waits for
-  it; later ones find it loaded. Before, every kept step was exported before the server was ready
-  (40.1 s for a learner of 4 steps on a quiet 2-core CPU, 153 s on a loaded one);
+  it; later ones find it loaded;
 * a Triton model folder from ``sb export --format triton``: each numbered version in it;
 * an ``.onnx`` file: the step it was exported from (its ``steps`` metadata); a file replaced by
   one of a later step adds a version, by one of the same step replaces it.
