@@ -4,7 +4,6 @@ serves over HTTP: every answer equal to HTTP's, inference equal to `sb predict`,
 
 from __future__ import annotations
 
-import time
 
 import numpy as np
 import pytest
@@ -14,7 +13,7 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 import grpc
 import tritonclient.http as httpclient
 from google.protobuf import json_format
-from test_serve_http import TIMEOUT, free_port, png, running
+from test_serve_http import TIMEOUT, free_port, png, running, wait_until
 from test_serve_repository import (
     LEARNER,
     PLAIN,
@@ -33,7 +32,8 @@ from sbcli.serve.app import ServeConfig
 @pytest.fixture(scope="module")
 def served(two_models: TwoModels):  # noqa: F811
     port = free_port()
-    cfg = ServeConfig(str(two_models.repo), reload_interval_s=0, max_images=8, grpc_listen=f"127.0.0.1:{port}")
+    cfg = ServeConfig(str(two_models.repo), reload_interval_s=0, max_images=8, grpc_listen=f"127.0.0.1:{port}",
+                      model_control_mode="explicit")
     with running(cfg) as (url, server):
         http = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=TIMEOUT)
         wait_ready(http)
@@ -144,12 +144,12 @@ def test_statistics_over_grpc_equal_http(served) -> None:
     after = client.get_inference_statistics(LEARNER, "2").model_stats[0]
     assert after.inference_stats.success.count == before.inference_stats.success.count + 1
     assert after.inference_count == before.inference_count + 2 and after.last_inference >= before.last_inference
-    deadline = time.monotonic() + TIMEOUT
-    while True:  # nothing runs between the two reads: they agree
+    def agreeing() -> tuple:  # nothing runs between the two reads: they agree (a read that raced a request is read again)
         grpc_stats = client.get_inference_statistics()
         http_stats = json_format.ParseDict(http.get_inference_statistics(), service_pb2.ModelStatisticsResponse())
-        if grpc_stats == http_stats or time.monotonic() > deadline:
-            break
+        return (grpc_stats, http_stats) if grpc_stats == http_stats else ()
+
+    grpc_stats, http_stats = wait_until(agreeing, "the statistics over gRPC and HTTP never agreed")
     assert grpc_stats == http_stats and [(s.name, s.version) for s in grpc_stats.model_stats] == [
         (LEARNER, "1"), (LEARNER, "2"), (PLAIN, "1")]
 

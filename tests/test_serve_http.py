@@ -15,9 +15,10 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -39,7 +40,25 @@ from sbcli.serve.model import open_onnx
 from sbcli.serve.predict import predict
 from sbcli.serve.predict import top_k as rank
 
-TIMEOUT = 20
+TIMEOUT = 120  # one request's bound: well under a second on an idle machine; a loaded one is slower, not stuck
+WAIT_S = 600  # the bound on waiting for an event (a start, an export, a reload): minutes, past any loaded machine
+
+
+def wait_until(condition: Callable[[], Any], what: str, alive: Callable[[], bool] = lambda: True,
+               ignoring: tuple[type[BaseException], ...] = (), every_s: float = 0.05) -> Any:
+    """Poll ``condition`` until it holds and return its value. The wait is on the event, not on a deadline: it
+    fails with ``what`` when ``alive()`` turns false (the server died) or only after WAIT_S; ``ignoring``: the
+    errors that mean "not yet" (a server not listening yet)."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        try:
+            value = condition()
+        except ignoring:
+            value = None
+        if value:
+            return value
+        assert alive() and time.monotonic() < deadline, what
+        time.sleep(every_s)
 
 
 def free_port() -> int:
@@ -57,10 +76,7 @@ def running(cfg: ServeConfig) -> Iterator[tuple[str, Server]]:
                                            http=GuardedProtocol))  # as `sb serve` runs it (sbcli.serve.server.run)
     thread = threading.Thread(target=userver.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 6 * TIMEOUT  # a learner directory is exported at startup: slow on a busy machine
-    while not userver.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
-        time.sleep(0.05)
+    wait_until(lambda: userver.started, "the server did not start", alive=thread.is_alive)  # a learner is exported first
     try:
         yield f"http://127.0.0.1:{port}", server
     finally:
@@ -224,10 +240,7 @@ def test_reload_under_load_drops_no_request(model: Path, tmp_path: Path) -> None
             t.start()
         time.sleep(0.5)
         os.replace(staged, served)  # how `sb export -o served.onnx` replaces a file
-        deadline = time.monotonic() + TIMEOUT
-        while call(f"{url}/health")[1]["model_version"] != 2:
-            assert time.monotonic() < deadline, "the server did not reload"
-            time.sleep(0.1)
+        wait_until(lambda: call(f"{url}/health")[1]["model_version"] == 2, "the server did not reload")
         time.sleep(0.5)
         stop.set()
         for t in threads:
@@ -247,10 +260,8 @@ def test_serving_a_learner_directory_exports_and_reloads_it(tmp_path: Path, monk
         assert meta["classes"] == ["class_0", "class_1", "class_2"] and meta["source"] == str(tmp_path / "learner")
         assert Path(meta["path"]).parent == tmp_path / "cache" / "sbcli" / "serve"
         make_learner("std", tasks=(3, 2)).save(tmp_path / "learner")  # a new step: five classes
-        deadline = time.monotonic() + 6 * TIMEOUT  # an export, on a busy machine
-        while (meta := call(f"{url}/metadata")[1])["model_version"] != 2:
-            assert time.monotonic() < deadline, "the server did not reload the learner"
-            time.sleep(0.2)
+        meta = wait_until(lambda: (m := call(f"{url}/metadata")[1])["model_version"] == 2 and m,
+                          "the server did not reload the learner")  # an export: minutes on a loaded machine
         assert len(meta["classes"]) == 5 and call(f"{url}/predict", png(0), "image/png")[0] == 200
 
 
@@ -276,22 +287,22 @@ def test_cli_with_two_workers(model: Path) -> None:
 
     if cpu_cores() < 2:
         pytest.skip("--workers is at most the CPU cores, and this machine has one")
-    port = free_port()
+    port, metrics = free_port(), free_port()
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-m", "sbcli", "serve", str(model), "--port", str(port), "--workers", "2",
-                             "--reload-interval", "0"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--reload-interval", "0", "--metrics-port", str(metrics)], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                status, health = call(f"http://127.0.0.1:{port}/health")
-                break
-            except (urllib.error.URLError, ConnectionError):
-                assert proc.poll() is None and time.monotonic() < deadline, "sb serve --workers 2 did not start"
-                time.sleep(0.2)
+        status, health = wait_until(lambda: call(f"http://127.0.0.1:{port}/health"), "sb serve --workers 2 did not start",
+                                    alive=lambda: proc.poll() is None, ignoring=(urllib.error.URLError, ConnectionError))
         assert status == 200 and health["provider"] == "cpu"
         for i in range(4):
             assert call(f"http://127.0.0.1:{port}/predict", png(i), "image/png")[0] == 200
+        # the metrics port (Triton's 8002) answers GET /metrics, and nothing else, in each worker
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics}/metrics", timeout=TIMEOUT) as res:
+            assert res.status == 200 and b"nv_inference_count" in res.read()
+        status, res = call(f"http://127.0.0.1:{metrics}/predict", png(0), "image/png")
+        assert status == 404 and "serves GET /metrics alone" in res["error"]
     finally:
         proc.terminate()
         _, err = proc.communicate(timeout=TIMEOUT)

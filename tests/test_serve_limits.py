@@ -10,7 +10,6 @@ import base64
 import io
 import json
 import sys
-import time
 import tracemalloc
 from pathlib import Path
 
@@ -140,13 +139,11 @@ def test_a_huge_sparse_file_is_refused_without_being_read(tmp_path: Path, model:
     with sparse.open("wb") as f:
         f.truncate(2**30)
     tracemalloc.start()
-    start = time.perf_counter()
     with pytest.raises(DataError, match=r"huge.png is 1.0 GiB, more than the 64 MiB an image file may be"):
         read_image_file(sparse)
-    seconds = time.perf_counter() - start
     _, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
-    assert seconds < 1 and peak < 2**20  # nothing of it was read
+    assert peak < 2**20  # nothing of it was read (the proof is the memory, not a time a loaded machine can miss)
     res = CliRunner().invoke(app, ["predict", str(model), str(sparse)])
     assert res.exit_code == 1 and "is 1.0 GiB, more than the 64 MiB" in res.output
     small = tmp_path / "small.png"

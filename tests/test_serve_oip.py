@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from learners import make_learner
-from test_serve_http import TIMEOUT, png, running
+from test_serve_http import TIMEOUT, WAIT_S, png, running, wait_until
 
 from sbcli.export.serving import EXPORTER, learner_onnx, open_learner
 from sbcli.serve.app import ServeConfig
@@ -56,10 +56,7 @@ def served(learner_dir: Path, tmp_path_factory: pytest.TempPathFactory):
         learner_onnx(learner_dir)  # the export the server does at startup, done first: its start stays quick
         with running(ServeConfig(str(learner_dir), reload_interval_s=0, exporter=EXPORTER)) as (url, server):
             client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=TIMEOUT)
-            deadline = time.monotonic() + 6 * TIMEOUT  # the earlier step is exported first
-            while not client.is_server_ready():
-                assert time.monotonic() < deadline, "the server did not become ready"
-                time.sleep(0.2)
+            wait_until(client.is_server_ready, "the server did not become ready")  # the earlier step is exported first
             yield url, client, server
 
 
@@ -206,16 +203,11 @@ def test_metrics_parse_with_prometheus_client(served) -> None:
 
 
 def wait_ready(url: str) -> None:
-    deadline = time.monotonic() + 6 * TIMEOUT
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=TIMEOUT) as res:
-                if res.status == 200:
-                    return
-        except urllib.error.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the server never became ready"
-        time.sleep(0.1)
+    def ready() -> bool:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=TIMEOUT) as res:
+            return res.status == 200
+
+    wait_until(ready, "the server never became ready", ignoring=(urllib.error.HTTPError,), every_s=0.1)
 
 
 def test_a_new_step_adds_a_version_under_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -239,10 +231,8 @@ def test_a_new_step_adds_a_version_under_load(tmp_path: Path, monkeypatch: pytes
             t.start()
         time.sleep(0.5)
         make_learner("std", tasks=(3, 2)).save(learner)  # step 2, beside step 1
-        deadline = time.monotonic() + 6 * TIMEOUT  # an export, on a busy machine
-        while sorted(server.metrics.versions()) != [(NAME, 1, False), (NAME, 2, True)]:
-            assert time.monotonic() < deadline, "the new step was not added as a version"
-            time.sleep(0.2)
+        wait_until(lambda: sorted(server.metrics.versions()) == [(NAME, 1, False), (NAME, 2, True)],
+                   "the new step was not added as a version")  # an export: minutes on a loaded machine
         time.sleep(0.5)
         stop.set()
         for t in threads:
@@ -259,24 +249,17 @@ def test_not_ready_while_a_reload_fails(tmp_path: Path) -> None:
     onnx_export.export_onnx(make_learner("std"), model)
     with running(ServeConfig(str(model), reload_interval_s=0.1)) as (url, server):
         client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=TIMEOUT)
-        deadline = time.monotonic() + TIMEOUT
-        while not client.is_server_ready():
-            assert time.monotonic() < deadline
-            time.sleep(0.1)
+        wait_until(client.is_server_ready, "the server did not become ready")
         assert client.get_model_metadata("model")["versions"] == ["2"]  # the learner step it was exported from
         good = model.read_bytes()
         model.write_bytes(b"not an onnx file")
-        while server.failing is None:
-            assert time.monotonic() < deadline + TIMEOUT, "the failing reload was not noticed"
-            time.sleep(0.1)
+        wait_until(lambda: server.failing is not None, "the failing reload was not noticed")
         assert client.is_server_live() and not client.is_server_ready() and not client.is_model_ready("model")
         inp = httpclient.InferInput("images", [1, 3, 16, 16], "FP32")
         inp.set_data_from_numpy(np.zeros((1, 3, 16, 16), np.float32))
         assert client.infer("model", [inp]).as_numpy("logits").shape == (1, 5)  # the old model still answers
         model.write_bytes(good)
-        while not client.is_server_ready():
-            assert time.monotonic() < deadline + 3 * TIMEOUT, "the server did not recover"
-            time.sleep(0.1)
+        wait_until(client.is_server_ready, "the server did not recover")
 
 
 def test_a_triton_model_folder_serves_each_version(learner_dir: Path, tmp_path: Path) -> None:
@@ -286,10 +269,7 @@ def test_a_triton_model_folder_serves_each_version(learner_dir: Path, tmp_path: 
     assert report.versions == (1, 2)
     with running(ServeConfig(str(report.model_dir), reload_interval_s=0)) as (url, _):
         client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=TIMEOUT)
-        deadline = time.monotonic() + 3 * TIMEOUT
-        while not client.is_server_ready():
-            assert time.monotonic() < deadline, "the server did not become ready"
-            time.sleep(0.2)
+        wait_until(client.is_server_ready, "the server did not become ready")
         assert client.get_model_metadata(NAME)["versions"] == ["1", "2"]
         inp = httpclient.InferInput("image_bytes", [1], "BYTES")
         inp.set_data_from_numpy(np.array([png(5)], dtype=object))
@@ -311,9 +291,9 @@ from starlette.testclient import TestClient
 from sbcli.serve.app import ServeConfig, Server, create_app
 server = Server(ServeConfig(sys.argv[1], reload_interval_s=0))
 with TestClient(create_app(server)) as client:
-    for _ in range(200):
-        if client.get("/v2/health/ready").status_code == 200:
-            break
+    deadline = time.monotonic() + float(sys.argv[2])  # a bound of minutes on the event, not a deadline
+    while client.get("/v2/health/ready").status_code != 200:
+        assert time.monotonic() < deadline, "never ready"
         time.sleep(0.05)
     body = {"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 3, 16, 16], "data": [0.5] * 768}]}
     assert client.post("/v2/models/model/infer", json=body).status_code == 200
@@ -321,8 +301,8 @@ with TestClient(create_app(server)) as client:
 print("torch" in sys.modules, "grpc" in sys.modules)
 """
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    res = subprocess.run([sys.executable, "-c", script, str(model)], check=False, capture_output=True, text=True,
-                         timeout=120, env=env)
+    res = subprocess.run([sys.executable, "-c", script, str(model), str(WAIT_S - 60)], check=False, capture_output=True,
+                         text=True, timeout=WAIT_S, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "False False"  # neither torch nor grpcio: gRPC loads only with --grpc-port
 
@@ -338,9 +318,9 @@ from starlette.testclient import TestClient
 from sbcli.serve.app import ServeConfig, Server, create_app
 server = Server(ServeConfig(sys.argv[1], reload_interval_s=0, exporter="sbcli.export.serving"))
 with TestClient(create_app(server)) as client:
-    for _ in range(600):
-        if client.get("/v2/health/ready").status_code == 200:
-            break
+    deadline = time.monotonic() + float(sys.argv[2])  # a bound of minutes on the event, not a deadline
+    while client.get("/v2/health/ready").status_code != 200:
+        assert time.monotonic() < deadline, "never ready"
         time.sleep(0.05)
     body = {"inputs": [{"name": "images", "datatype": "FP32", "shape": [1, 3, 16, 16], "data": [0.5] * 768}]}
     name = client.get("/v2/models").json()["models"][0]["name"]
@@ -349,8 +329,8 @@ with TestClient(create_app(server)) as client:
 print("torch" in sys.modules)
 """
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    res = subprocess.run([sys.executable, "-c", script, str(learner_dir)], check=False, capture_output=True, text=True,
-                         timeout=300, env=env)
+    res = subprocess.run([sys.executable, "-c", script, str(learner_dir), str(WAIT_S - 60)], check=False, capture_output=True,
+                         text=True, timeout=WAIT_S, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.strip() == "False"
 

@@ -9,7 +9,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 from pathlib import Path
 from typing import Any
@@ -19,7 +18,7 @@ import pytest
 pytest.importorskip("uvicorn", reason="sb serve's tests need the serving extra (pip install 'sbcli[onnx]')")
 # ruff: noqa: E402  (the skip above must come before the serving modules are imported)
 from learners import make_learner
-from test_serve_http import TIMEOUT, call, free_port, png, renamed
+from test_serve_http import TIMEOUT, call, free_port, png, renamed, wait_until
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app
@@ -91,6 +90,12 @@ BAD = [
     (["--max-queue", "0"], "--max-queue"),
     (["--max-queue", "2000000"], "--max-queue must be between 1 and 1e+06"),
     (["--grpc-port", "0"], "--grpc-port"),
+    (["--metrics-port", "70000"], "--metrics-port must be between 0 and 65535"),
+    (["--port", "8123", "--metrics-port", "8123"], "--metrics-port must differ from --port (8123)"),
+    (["--model-control-mode", "poll"], "--model-control-mode poll is unknown; choose one of: none, explicit"),
+    (["--header-timeout", "0"], "--header-timeout"),
+    (["--header-timeout", "nan"], "--header-timeout"),
+    (["--max-connections-per-client", "0"], "--max-connections-per-client"),
     *[([flag, value], f"{flag} must be") for flag in ("--max-inflight-mb", "--max-request-mb", "--max-image-megapixels",
                                                      "--max-request-megapixels")
       for value in ("1e308", "-1e308", "inf", "-inf", "nan", "-1", "0")],  # 1e308: an OverflowError before
@@ -142,9 +147,11 @@ def test_the_defaults_pass_the_checks(model: Path, monkeypatch: pytest.MonkeyPat
 
     served = []
     monkeypatch.setattr(server, "run", lambda srv, listen: served.append((srv, listen)))
-    res = CliRunner().invoke(app, ["serve", str(model), "--port", "0"])
+    res = CliRunner().invoke(app, ["serve", str(model), "--port", "0", "--metrics-port", str(free_port())])
     assert res.exit_code == 0, res.output
     assert len(served) == 1 and served[0][0].loaded is not None
+    cfg = served[0][0].cfg
+    assert (cfg.model_control_mode, cfg.header_timeout_s, cfg.per_client) == ("none", 10.0, 64)
 
 
 def triton_folder(model: Path, root: Path) -> Path:
@@ -162,12 +169,12 @@ def test_cli_serves_a_triton_model_folder(model: Path, tmp_path: Path, monkeypat
     folder = triton_folder(model, tmp_path)
     served = []
     monkeypatch.setattr(server, "run", lambda srv, listen: served.append(srv))
-    res = CliRunner().invoke(app, ["serve", str(folder), "--port", "0"])
+    res = CliRunner().invoke(app, ["serve", str(folder), "--port", "0", "--metrics-port", "0"])
     assert res.exit_code == 0, res.output
     assert served and served[0].loaded.model.path == folder / "2" / "model.onnx"
     assert "/v2/models/my-learner" in " ".join(res.output.split())
     # the repository above it serves every model folder in it
-    res = CliRunner().invoke(app, ["serve", str(folder.parent), "--port", "0"])
+    res = CliRunner().invoke(app, ["serve", str(folder.parent), "--port", "0", "--metrics-port", "0"])
     assert res.exit_code == 0, res.output
     assert [s.name for s in served[1].models.served.values()] == ["my-learner"]
     # a folder that holds none of them: still one sentence that names them all
@@ -177,21 +184,18 @@ def test_cli_serves_a_triton_model_folder(model: Path, tmp_path: Path, monkeypat
 
 
 def serve_process(args: list[str], stderr: Any = subprocess.PIPE, **popen: Any) -> subprocess.Popen:
-    """`sb serve ARGS` in a process of its own, stderr not a terminal (a pipe unless told), no COLUMNS set."""
+    """`sb serve ARGS` in a process of its own, stderr not a terminal (a pipe unless told), no COLUMNS set; no
+    metrics port unless ARGS names one (Triton's 8002 may be taken on a shared machine)."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    args = args if "--metrics-port" in args else [*args, "--metrics-port", "0"]
     env.pop("COLUMNS", None)  # off a terminal with no COLUMNS: what a service manager or a pipe gives
     return subprocess.Popen([sys.executable, "-m", "sbcli", "serve", *args], env=env, stdout=subprocess.DEVNULL,
                             stderr=stderr, text=True, **popen)
 
 
-def wait_healthy(proc: subprocess.Popen, url: str, seconds: float = 90) -> dict:
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            return call(f"{url}/health")[1]
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            assert proc.poll() is None and time.monotonic() < deadline, "sb serve did not start"
-            time.sleep(0.2)
+def wait_healthy(proc: subprocess.Popen, url: str) -> dict:
+    return wait_until(lambda: call(f"{url}/health")[1], "sb serve did not start", alive=lambda: proc.poll() is None,
+                      ignoring=(urllib.error.URLError, ConnectionError, TimeoutError), every_s=0.2)
 
 
 def test_log_lines_are_short_when_stderr_is_not_a_terminal(model: Path, tmp_path: Path) -> None:
@@ -205,10 +209,7 @@ def test_log_lines_are_short_when_stderr_is_not_a_terminal(model: Path, tmp_path
     try:
         assert wait_healthy(proc, url)["model_version"] == 1
         os.replace(renamed(model, tmp_path / "next.onnx", "new_"), served)
-        deadline = time.monotonic() + TIMEOUT
-        while call(f"{url}/health")[1]["model_version"] != 2:
-            assert time.monotonic() < deadline, "the server did not reload"
-            time.sleep(0.1)
+        wait_until(lambda: call(f"{url}/health")[1]["model_version"] == 2, "the server did not reload")
         assert call(f"{url}/predict", png(0), "image/png")[0] == 200
     finally:
         proc.terminate()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,9 +18,11 @@ import pytest
 httpclient = pytest.importorskip("tritonclient.http")
 # ruff: noqa: E402  (the skip above must come before the serving modules are imported)
 from learners import make_learner
-from test_serve_http import TIMEOUT, call, png, running
+from test_serve_http import TIMEOUT, call, png, running, wait_until
 from tritonclient.utils import InferenceServerException
+from typer.testing import CliRunner
 
+from sbcli.cli.app import app
 from sbcli.errors import ConfigError
 from sbcli.export import onnx as onnx_export
 from sbcli.export.serving import EXPORTER, learner_onnx, open_learner
@@ -75,11 +76,8 @@ def two_models(tmp_path_factory: pytest.TempPathFactory) -> TwoModels:
     return TwoModels(learner, plain, repo, images, expected)
 
 
-def wait_ready(client, seconds: float = 6 * TIMEOUT) -> None:
-    deadline = time.monotonic() + seconds
-    while not client.is_server_ready():
-        assert time.monotonic() < deadline, "the server did not become ready"
-        time.sleep(0.1)
+def wait_ready(client) -> None:  # noqa: ANN001
+    wait_until(client.is_server_ready, "the server did not become ready", every_s=0.1)
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +234,7 @@ def test_triton_metric_names_agree_with_the_statistics(served) -> None:
 def test_unload_and_load_as_triton_does(two_models: TwoModels, tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     shutil.copytree(two_models.repo / PLAIN, repo / PLAIN)
-    with running(ServeConfig(str(repo), reload_interval_s=0)) as (url, _):
+    with running(ServeConfig(str(repo), reload_interval_s=0, model_control_mode="explicit")) as (url, _):
         client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=TIMEOUT)
         wait_ready(client)
         inp = httpclient.InferInput("image_bytes", [1], "BYTES")
@@ -287,3 +285,41 @@ def test_two_models_of_one_name_are_refused(two_models: TwoModels, tmp_path: Pat
         Server(ServeConfig((str(tmp_path / "a" / "learner.onnx"), str(two_models.repo))))
     assert str(err.value) == (f"Two models would be served as 'learner' ({tmp_path / 'a' / 'learner.onnx'} and "
                               f"{two_models.repo / LEARNER}); serve them from folders or files of different names.")
+
+
+def test_load_and_unload_are_refused_unless_started_in_explicit_mode(two_models: TwoModels) -> None:
+    """Triton refuses a client's load and unload unless started with --model-control-mode explicit; so does sb serve."""
+    with running(ServeConfig(str(two_models.repo), reload_interval_s=0)) as (url, _):
+        client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=TIMEOUT)
+        wait_ready(client)
+        for act in (client.unload_model, client.load_model):
+            with pytest.raises(InferenceServerException) as err:
+                act(PLAIN)
+            assert err.value.status() == "400" and "--model-control-mode explicit" in err.value.message()
+        assert client.is_model_ready(PLAIN) and client.is_server_ready()  # nothing changed
+        status, res = call(f"{url}/v2/repository/models/{PLAIN}/unload", b"{}", "application/json")
+        assert status == 400 and "not allowed" in res["error"] and client.is_model_ready(PLAIN)
+
+
+def test_a_model_folder_without_config_pbtxt_is_served_with_a_completed_configuration(two_models: TwoModels,
+                                                                                    tmp_path: Path) -> None:
+    """Triton completes an ONNX model's configuration when config.pbtxt is absent; before, sb serve skipped the
+    folder silently (and refused it alone as "neither a learner directory nor ...")."""
+    repo = tmp_path / "repo"
+    shutil.copytree(two_models.repo / PLAIN, repo / PLAIN)
+    (repo / "bare" / "1").mkdir(parents=True)
+    shutil.copy(two_models.plain, repo / "bare" / "1" / "model.onnx")  # no config.pbtxt
+    res = CliRunner().invoke(app, ["serve", str(repo / "bare"), "--port", "0", "--metrics-port", "0", "--workers", "0"])
+    assert "--workers must be at least 1" in res.output  # the folder alone was accepted as a model: the next check spoke
+    with running(ServeConfig(str(repo), reload_interval_s=0)) as (url, _):
+        client = httpclient.InferenceServerClient(url.removeprefix("http://"), network_timeout=TIMEOUT)
+        wait_ready(client)
+        assert sorted(m["name"] for m in client.get_model_repository_index()) == ["bare", PLAIN]
+        config = client.get_model_config("bare")
+        assert config["name"] == "bare" and config["platform"] == "onnxruntime_onnx"
+        assert config["output"][0]["dims"] == [4] and config["input"][0]["dims"] == [3, 16, 16]
+        inp = httpclient.InferInput("image_bytes", [1], "BYTES")
+        inp.set_data_from_numpy(np.array([two_models.images[0].read_bytes()], dtype=object))
+        top = client.infer("bare", [inp]).as_numpy("probabilities")[0]
+        want = two_models.expected[PLAIN][0]
+        assert top.argmax() == int(want.labels[0].rsplit("_", 1)[1])

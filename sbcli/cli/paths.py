@@ -49,11 +49,10 @@ def source(name: str | None) -> None:
 
 def model(path: Path, triton: bool = False) -> None:
     """A learner directory or an ``.onnx`` file (`sb predict`, `sb serve`); with ``triton`` (`sb serve`) also a
-    Triton model folder from `sb export --format triton` (config.pbtxt beside numbered N/model.onnx) or a model
-    repository holding such folders, as :mod:`sbcli.serve.source` reads them (that module imports numpy and
-    Pillow: not here)."""
+    Triton model folder (numbered N/model.onnx, config.pbtxt optional as in Triton) or a model repository holding
+    such folders, as :mod:`sbcli.serve.source` reads them (that module imports numpy and Pillow: not here)."""
     def triton_model(folder: Path) -> bool:
-        return (folder / "config.pbtxt").is_file() and any(
+        return not (folder / STATE_FILE).is_file() and any(
             d.name.isdigit() and int(d.name) > 0 and (d / "model.onnx").is_file() for d in folder.iterdir())
 
     if (path.is_dir() and (path / STATE_FILE).is_file()) or (path.is_file() and path.suffix.lower() == ".onnx"):

@@ -30,7 +30,7 @@ import numpy as np
 
 from sbcli import errors
 from sbcli.serve import preprocess
-from sbcli.serve.cache import cache_dir
+from sbcli.serve.cache import cache_dir, entry_name
 
 EXPORTER = "sbcli.export.serving"
 
@@ -80,19 +80,52 @@ def open_learner(path: Path, device: str = "auto") -> TorchClassifier:
 
 
 def learner_onnx(learner_dir: Path) -> Path:
-    """The learner exported to the serve cache (reused while learner.json is unchanged), by a child interpreter."""
-    return Path(_in_child("learner", str(learner_dir)))
+    """The learner exported to the serve cache (reused while learner.json is unchanged): found in this process when
+    the cache holds it (a warm start starts no interpreter), else exported by a child interpreter."""
+    cached = _learner_cache_path(learner_dir)
+    return cached if cached.is_file() else Path(_in_child("learner", str(learner_dir)))
 
 
 def kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
     """The kept steps of a learner that have classes and are not past its current step (a rollback leaves later ones),
-    with their files."""
-    return {int(n): files for n, files in _in_child("steps", str(learner_dir)).items()}
+    with their files: read from the serve cache when it holds them for this learner.json (a warm start starts no
+    interpreter: listing them imports torch), else listed by a child interpreter."""
+    cached = _steps_cache_path(learner_dir)
+    listed = json.loads(cached.read_text()) if cached.is_file() else _in_child("steps", str(learner_dir))
+    return {int(n): files for n, files in listed.items()}
 
 
 def step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
     """Kept step ``step`` exported to the serve cache (its files never change, so it is exported once)."""
-    return Path(_in_child("step", str(learner_dir), str(step), json.dumps(files)))
+    return cached_step_onnx(learner_dir, step, files) or Path(_in_child("step", str(learner_dir), str(step), json.dumps(files)))
+
+
+def cached_step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path | None:
+    """Kept step ``step``'s ONNX file when the serve cache holds it (no interpreter, no torch), else None."""
+    out = _step_cache_path(learner_dir, step, files)
+    return out if out.is_file() else None
+
+
+def _learner_cache_path(learner_dir: Path) -> Path:
+    """Where the learner's current step is kept in the serve cache: named by its path and its learner.json."""
+    key = hashlib.sha256(str(learner_dir.resolve()).encode() + b"\0" + (learner_dir / "learner.json").read_bytes())
+    return cache_dir() / entry_name(learner_dir.resolve().name, key.hexdigest()[:16], ".onnx")
+
+
+def _steps_cache_path(learner_dir: Path) -> Path:
+    """Where the learner's kept steps are listed in the serve cache: a function of learner.json (its commit point)."""
+    onnx = _learner_cache_path(learner_dir)
+    return onnx.with_name(onnx.name.removesuffix(".onnx") + ".steps.json")
+
+
+def _step_cache_path(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
+    """Where kept step ``step`` is kept in the serve cache: named by the SHA-256 of its files' bytes (a step's files
+    never change once committed), so a copy of the learner, or one moved, finds the same export."""
+    digest = hashlib.sha256()
+    for role, name in sorted(files.items()):
+        digest.update(f"{role}\0{len(name)}\0".encode())
+        digest.update(hashlib.sha256((learner_dir / name).read_bytes()).digest())
+    return cache_dir() / entry_name(learner_dir.resolve().name, f"step{step}-{digest.hexdigest()[:16]}", ".onnx")
 
 
 CHILD_TIMEOUT_S = 3600  # an export of a large learner on a slow CPU; a hung child is not waited on forever
@@ -123,8 +156,7 @@ def _in_child(*args: str) -> Any:
 
 def _learner_onnx(learner_dir: Path) -> Path:
     """The learner exported to the serve cache (reused while learner.json is unchanged; imports torch)."""
-    key = hashlib.sha256(str(learner_dir.resolve()).encode() + b"\0" + (learner_dir / "learner.json").read_bytes())
-    out = cache_dir() / f"{learner_dir.resolve().name}-{key.hexdigest()[:16]}.onnx"
+    out = _learner_cache_path(learner_dir)
     if not out.is_file():
         from sbcli.export.onnx import OnnxConfig, export_onnx
         from sbcli.learner.state import Learner
@@ -132,21 +164,27 @@ def _learner_onnx(learner_dir: Path) -> Path:
 
         check_output_file(out, overwrite=False)
         export_onnx(Learner.load(learner_dir, "cpu"), out, OnnxConfig())  # atomic: concurrent workers each write a complete file
+        _kept_steps(learner_dir)  # listed now, while torch is loaded: the server's next question
     return out
 
 
 def _kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
     """The kept steps of a learner that are not past its current step (a rollback leaves later ones), with their files;
-    not step 0 of a learner pulled as a backbone (no classes to score)."""
+    not step 0 of a learner pulled as a backbone (no classes to score). Kept in the serve cache beside the learner's
+    export, named by the learner.json they were read from (read again, so that a save meanwhile names another file)."""
+    from sbcli.atomic import write_atomic
     from sbcli.learner.state import served_steps
 
-    return served_steps(learner_dir)
+    before = _steps_cache_path(learner_dir)
+    steps = served_steps(learner_dir)
+    if _steps_cache_path(learner_dir) == before:
+        write_atomic(before, json.dumps({str(n): files for n, files in steps.items()}))
+    return steps
 
 
 def _step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
     """Kept step ``step`` exported to the serve cache (its files never change, so it is exported once)."""
-    key = hashlib.sha256(f"{learner_dir.resolve()}\0{step}\0{json.dumps(files, sort_keys=True)}".encode())
-    out = cache_dir() / f"{learner_dir.resolve().name}-step{step}-{key.hexdigest()[:16]}.onnx"
+    out = _step_cache_path(learner_dir, step, files)
     if not out.is_file():
         from sbcli.export.onnx import OnnxConfig, export_onnx
         from sbcli.learner.state import Learner
@@ -156,6 +194,22 @@ def _step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
         check_output_file(out, overwrite=True)
         export_onnx(Learner.load(learner_dir, "cpu", step), out, OnnxConfig())
     return out
+
+
+def _os_sentence(err: OSError) -> str:
+    """Why an export for serving could not read or write a file, and what to do: a cache that cannot be written is
+    a container's read-only file system more often than not, so that case names the way to give it another."""
+    from sbcli.serve.cache import CONTAINER_HINT
+
+    where = Path(err.filename) if err.filename else None
+    try:
+        in_cache = where is not None and where.resolve().is_relative_to(cache_dir().resolve())
+    except errors.SbcliError:
+        in_cache = True  # no cache can be written at all
+    what = f"{where}" if where is not None else "a file"
+    if in_cache:
+        return f"Could not write the serve cache ({what}: {err.strerror or err}); {CONTAINER_HINT}."
+    return f"Could not read or write {what} while exporting the learner for serving ({err.strerror or err}); check it."
 
 
 def _main(argv: list[str]) -> int:
@@ -171,6 +225,9 @@ def _main(argv: list[str]) -> int:
             answer = str(_step_onnx(folder, int(argv[2]), json.loads(argv[3])))
     except errors.SbcliError as err:
         sys.stdout.write(f"{type(err).__name__} {' '.join(str(err).split())}\n")
+        return 1
+    except OSError as err:  # a file system's refusal: said in one sentence, where it happened
+        sys.stdout.write(f"ExportError {_os_sentence(err)}\n")
         return 1
     sys.stdout.write(json.dumps(answer) + "\n")
     return 0

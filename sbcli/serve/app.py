@@ -48,6 +48,9 @@ INFLIGHT_PER_REQUEST = 4  # the default byte budget: four requests of the larges
 DEFAULT_REQUEST_TIMEOUT_S = 60.0  # a 16 MiB body at about 2.2 Mbit/s
 DEFAULT_MAX_QUEUE = 128  # requests waiting for the batcher: a second's worth at 128 images/s, batched
 RAW_IMAGE_KINDS = ("image/", "application/octet-stream")
+CONTROL_MODES = ("none", "explicit")  # Triton's --model-control-mode, less "poll": sb serve's reload is --reload-interval
+DEFAULT_HEADER_TIMEOUT_S = 10.0  # a request head is a few hundred bytes: a client that needs longer holds a half-open socket
+DEFAULT_PER_CLIENT = 64  # connections from one address; a browser opens 6 at most, a load balancer tens
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,10 @@ class ServeConfig:
     max_connections: int | None = None  # open at once (None: 512, fewer where the open-file limit is lower)
     max_queue: int = DEFAULT_MAX_QUEUE  # requests waiting for the batcher at once; one more is a 503
     grpc_listen: str | None = None  # "host:port" of the gRPC protocol (None: HTTP only)
+    model_control_mode: str = "none"  # Triton's: "explicit" lets clients load and unload models, "none" refuses both
+    metrics_port: int = 0  # GET /metrics alone on a port of its own as well (Triton's 8002; 0: only on the main port)
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S  # for a request head to arrive (at most request_timeout_s)
+    max_connections_per_client: int | None = None  # open at once from one address (None: DEFAULT_PER_CLIENT, at most all)
 
     @property
     def sources(self) -> tuple[Path, ...]:
@@ -99,6 +106,12 @@ class ServeConfig:
         from sbcli.serve.guard import default_max_connections  # uvicorn's protocol: imported by a server only
 
         return self.max_connections if self.max_connections is not None else default_max_connections()
+
+    @property
+    def per_client(self) -> int:
+        """Connections one address may hold at once (at most all of them)."""
+        wanted = self.max_connections_per_client if self.max_connections_per_client is not None else DEFAULT_PER_CLIENT
+        return min(wanted, self.connections)
 
     @property
     def request_limits(self) -> limits.RequestLimits:
@@ -158,7 +171,9 @@ class Server:
     def server_wide(self) -> dict[str, Any]:
         return {"batching": {**asdict(self.batcher.cfg), **self.batcher.stats.to_json(), "waiting": self.batcher.waiting},
                 "limits": {**self.cfg.request_limits.to_json(), "max_inflight_bytes": self.cfg.inflight_bytes,
-                           "request_timeout_s": self.cfg.request_timeout_s, "max_connections": self.cfg.connections},
+                           "request_timeout_s": self.cfg.request_timeout_s, "max_connections": self.cfg.connections,
+                           "header_timeout_s": min(self.cfg.header_timeout_s, self.cfg.request_timeout_s),
+                           "max_connections_per_client": self.cfg.per_client},
                 "top_k": self.cfg.top_k}
 
     def metadata(self, name: str | None = None) -> dict[str, Any]:
@@ -296,7 +311,7 @@ def create_app(server: Server) -> Starlette:
     """The Starlette app over ``server`` (which loads its model at startup if not loaded yet)."""
     from starlette.middleware import Middleware
 
-    from sbcli.serve.metrics import MetricsMiddleware
+    from sbcli.serve.metrics import MetricsMiddleware, MetricsPortOnly
     from sbcli.serve.oip import mount
 
     protocol = mount(server)
@@ -330,7 +345,8 @@ def create_app(server: Server) -> Starlette:
             tasks.append(asyncio.get_running_loop().create_task(server.models.watch(server.cfg.reload_interval_s)))
         grpc = await start_grpc(server) if server.cfg.grpc_listen else None
         try:  # the state reaches sbcli.serve.guard.GuardedProtocol, which runs under uvicorn beside the app
-            yield {STATE_KEY: ConnectionGuard(server.cfg.request_timeout_s, server.cfg.connections)}
+            cfg = server.cfg
+            yield {STATE_KEY: ConnectionGuard(cfg.request_timeout_s, cfg.connections, cfg.header_timeout_s, cfg.per_client)}
         finally:
             if grpc is not None:
                 await grpc.stop(1.0)
@@ -343,7 +359,8 @@ def create_app(server: Server) -> Starlette:
     routes = [Route("/predict", predict, methods=["POST"]), Route("/health", health, methods=["GET"]),
               Route("/metadata", metadata, methods=["GET"]), *protocol.routes]
     counted = Middleware(MetricsMiddleware, metrics=protocol.metrics, routes=routes)
-    return Starlette(routes=routes, lifespan=lifespan, middleware=[counted],
+    ports = [Middleware(MetricsPortOnly, port=server.cfg.metrics_port)] if server.cfg.metrics_port else []
+    return Starlette(routes=routes, lifespan=lifespan, middleware=[*ports, counted],
                      exception_handlers={404: not_routed, 405: not_routed})
 
 

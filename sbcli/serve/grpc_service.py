@@ -131,7 +131,7 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: Any, context: Any) -> Any:
         try:
-            served, _, _ = self.server.models.lookup(request.name, request.version or None)
+            served, _, _ = await self.server.models.resolve(request.name, request.version or None)
         except HTTPError:
             return service_pb2.ModelReadyResponse(ready=False)
         return service_pb2.ModelReadyResponse(ready=served.ready)
@@ -141,8 +141,8 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelMetadata(self, request: Any, context: Any) -> Any:
         async def work() -> Any:
-            served, number, model = self.server.models.lookup(request.name, request.version or None)
-            meta = model_metadata(served.name, list(served.registry.versions), number, model)
+            served, number, model = await self.server.models.resolve(request.name, request.version or None)
+            meta = model_metadata(served.name, served.registry.numbers, number, model)
             return json_format.ParseDict(meta, service_pb2.ModelMetadataResponse(), ignore_unknown_fields=True)
 
         return await self._answer("ModelMetadata", context, work)
@@ -186,7 +186,7 @@ class Service(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: Any, context: Any) -> Any:
         async def work() -> Any:
             with self.server.inflight.lease() as lease:  # the message and the tensors parsed from it
-                served, number, model = self.server.models.lookup(request.model_name, request.model_version or None)
+                served, number, model = await self.server.models.resolve(request.model_name, request.model_version or None)
 
                 async def parsed() -> codec.Request:
                     lease.take(2 * request.ByteSize())

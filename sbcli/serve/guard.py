@@ -1,15 +1,22 @@
-"""Connections that slow or idle clients cannot hold forever: uvicorn's HTTP protocol with two guards.
+"""Connections that slow or idle clients cannot hold forever: uvicorn's HTTP protocol with three guards.
 
 uvicorn waits for a request head without a deadline and accepts connections until the process
 runs out of file descriptors: 1,100 idle half-sent requests took every descriptor of the usual
 1,024 and ``/health`` timed out. :class:`GuardedProtocol` is uvicorn's own HTTP/1.1 protocol (h11,
 or httptools where installed) with two checks added:
 
-- **Deadline.** A connection whose next request head has not arrived ``request_timeout_s`` after
-  it opened (or after its previous answer) is closed, answered 408 when part of a request came.
-  Once the head is in, the body has the same deadline, kept by :func:`sbcli.serve.limits.read_body`.
-- **Count.** A connection past ``max_connections`` open at once is answered 503 and closed at
-  once, so the process keeps descriptors for its model, its log and the requests it serves.
+- **Deadline.** A connection whose next request head has not arrived ``header_timeout_s`` after
+  it opened (or after its previous answer) is closed, answered 408 when part of a request came: a
+  head is a few hundred bytes, so a half-open connection is let go in seconds. Once the head is in,
+  the body has ``request_timeout_s``, kept by :func:`sbcli.serve.limits.read_body`.
+- **Count.** Past ``max_connections`` open at once, the connection that has been idle longest (no
+  request being served: nothing sent yet, a head half-sent, or a kept-alive connection between
+  requests) is closed to make room; only when every connection is serving a request is the new one
+  answered 503 and closed. So the process keeps descriptors for its model, its log and the requests
+  it serves, and idle or half-open sockets cannot keep other clients out (512 of them did, for up to
+  the request timeout).
+- **Per client.** One address may hold ``max_connections_per_client`` connections at once; past it,
+  that client's own longest-idle connection makes room, or the new one is 503 when all are busy.
   asyncio accepts up to the listen backlog in one go before any of those connections is counted,
   so the backlog is sized to fit beside the connections: :func:`accept_backlog` (otherwise a
   burst of connections still runs the process out of descriptors, and asyncio stops accepting
@@ -41,10 +48,17 @@ BURSTS = 2  # accept bursts that may come before the first burst's connections a
 
 @dataclass(frozen=True)
 class ConnectionGuard:
-    """How long a request may take to arrive, and how many connections may be open at once."""
+    """How long a request may take to arrive, and how many connections may be open at once (all, and per address)."""
 
     request_timeout_s: float
     max_connections: int
+    header_timeout_s: float | None = None  # None: request_timeout_s
+    max_per_client: int | None = None  # None: max_connections
+
+    @property
+    def head_s(self) -> float:
+        """How long a request head may take: the header timeout, never more than the request timeout."""
+        return min(self.header_timeout_s or self.request_timeout_s, self.request_timeout_s)
 
 
 def open_file_limit() -> int | None:
@@ -97,17 +111,40 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     _guard: ConnectionGuard | None = None
     _timer: asyncio.TimerHandle | None = None
     _partial = False  # bytes of a request came since the deadline was set
+    _idle_since = 0.0  # when the connection last became idle (opened, or answered)
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
         self._guard = self.app_state.get(STATE_KEY)
         if self._guard is None:
             return
-        if len(self.connections) > self._guard.max_connections:
-            self._close(503, f"The server already holds the {self._guard.max_connections} connections it accepts at once; "
-                             "retry shortly.")
-            return
         self._arm()
+        guard = self._guard
+        mine = [c for c in self.connections if _address(c) == _address(self)]
+        if guard.max_per_client is not None and len(mine) > guard.max_per_client:
+            if not self._make_room(mine):
+                self._close(503, f"This client already holds the {guard.max_per_client} connections one address may "
+                                 "hold at once, each serving a request; retry when one is answered.")
+        elif len(self.connections) > guard.max_connections and not self._make_room(self.connections):
+            self._close(503, f"The server already holds the {guard.max_connections} connections it accepts at once, "
+                             "each serving a request; retry shortly.")
+
+    def _make_room(self, among: Any) -> bool:
+        """Close the connection of ``among`` idle longest (serving no request); False when every one is busy."""
+        idle = [c for c in among if c is not self and isinstance(c, GuardedProtocol) and c.idle()]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c._idle_since)
+        if oldest._partial:
+            oldest._close(503, "The server closed this connection, idle with a request half-sent, to make room for "
+                               "another; send the request whole and at once.")
+        else:
+            oldest.transport.close()
+        return True
+
+    def idle(self) -> bool:
+        """Serving no request (none begun, or the last one answered) and still open."""
+        return not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete)
 
     def data_received(self, data: bytes) -> None:
         self._partial = True
@@ -130,7 +167,8 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         if self._timer is not None:
             self._timer.cancel()
         self._partial = False
-        self._timer = self.loop.call_later(self._guard.request_timeout_s, self._expire)
+        self._idle_since = self.loop.time()
+        self._timer = self.loop.call_later(self._guard.head_s, self._expire)
 
     def _expire(self) -> None:
         self._timer = None
@@ -139,7 +177,7 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         if self.cycle is not None and not self.cycle.response_complete:
             return  # a request is being served: read_body keeps its body's deadline, the answer takes what it takes
         if self._partial:
-            self._close(408, f"The request did not arrive within {seconds(self._guard.request_timeout_s)}; "
+            self._close(408, f"The request did not arrive within {seconds(self._guard.head_s)}; "
                              "send it whole and at once.")
         else:
             self.transport.close()
@@ -147,3 +185,9 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     def _close(self, status: int, sentence: str) -> None:
         self.transport.write(raw_answer(status, sentence))
         self.transport.close()
+
+
+def _address(protocol: Any) -> str | None:
+    """The client's address (its IP) of a connection, None where the transport has none (a Unix socket)."""
+    client = getattr(protocol, "client", None)
+    return client[0] if client else None

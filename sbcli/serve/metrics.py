@@ -30,6 +30,7 @@ container as Kubernetes deployments usually do.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -215,3 +216,22 @@ class MetricsMiddleware:
             await self.app(scope, receive, sending)
         finally:
             self.metrics.observe_request(route_template(self.routes, scope), status, time.perf_counter() - start)
+
+
+class MetricsPortOnly:
+    """ASGI middleware: on the metrics port (``--metrics-port``, Triton's 8002) only ``GET /metrics`` is answered,
+    everything else is 404, so that a port opened for dashboards serves no model; the main port is unchanged."""
+
+    def __init__(self, app: ASGIApp, port: int) -> None:
+        self.app, self.port = app, port
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        local = scope.get("server") or (None, None)
+        if scope["type"] == "http" and local[1] == self.port and scope.get("path") != "/metrics":
+            body = json.dumps({"error": f"Port {self.port} serves GET /metrics alone; send other requests to the "
+                                        "server's main port."}).encode()
+            await send({"type": "http.response.start", "status": 404,
+                        "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

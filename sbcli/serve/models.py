@@ -5,8 +5,9 @@ or a Triton model repository (every model folder in it); a model's name is the f
 folder's name, and two models of one name are refused before anything loads
 (:func:`sbcli.serve.source.expand`). Each model (:class:`Served`) keeps what ``/predict`` serves
 (its source's current step), its versions (:class:`sbcli.serve.versions.Registry`) and its reload
-state; :class:`Models` holds them all, polls their sources, lists their versions, and loads or
-unloads one on request the way Triton's explicit model control does: an unloaded model answers
+state; :class:`Models` holds them all, polls their sources, lists their versions, and, started with
+``--model-control-mode explicit`` (as Triton; otherwise a client's load or unload is refused with
+400), loads or unloads one on request the way Triton's explicit model control does: an unloaded model answers
 404 and is listed ``UNAVAILABLE`` in the repository index until it is loaded again; a model folder
 added to a repository on the command line after the start is loaded by name.
 
@@ -28,10 +29,11 @@ from sbcli.errors import SbcliError
 from sbcli.serve import source as sources
 from sbcli.serve.limits import HTTPError
 from sbcli.serve.model import OnnxClassifier
-from sbcli.serve.versions import Registry
+from sbcli.serve.versions import PendingVersion, Registry
 
 logger = logging.getLogger(__name__)
 READY, UNAVAILABLE, LOADING = "READY", "UNAVAILABLE", "LOADING"  # Triton's model states
+PENDING = "not exported yet: the first request for this version exports it"
 
 
 @dataclass
@@ -59,7 +61,9 @@ class Served:
             return [{"name": self.name, "state": LOADING, "reason": ""}]
         state = READY if self.ready else UNAVAILABLE
         reason = self.failing or self.registry.failing or ""
-        return [{"name": self.name, "version": str(n), "state": state, "reason": reason} for n in sorted(self.registry.versions)]
+        return [{"name": self.name, "version": str(n), "state": state, "reason": reason} if n in self.registry.versions
+                else {"name": self.name, "version": str(n), "state": UNAVAILABLE, "reason": PENDING}
+                for n in self.registry.numbers]
 
     def describe(self) -> dict[str, Any]:
         assert self.loaded is not None
@@ -75,6 +79,7 @@ class Models:
     served: dict[str, Served] = field(init=False)
     repositories: list[Path] = field(init=False)  # where a model loaded by name may be found later
     _lock: asyncio.Lock | None = None
+    _background: set[asyncio.Task] = field(default_factory=set)  # exports started for a request that did not wait
 
     def __post_init__(self) -> None:
         self.served = {name: self._new(name, path) for name, path in sources.expand(self.cfg.sources).items()}
@@ -133,7 +138,47 @@ class Models:
             number, model = served.registry.get(version)
         except KeyError as err:
             raise HTTPError(404, f"Model {name!r} {err.args[0]}.") from err
+        except PendingVersion as pending:
+            self._export_soon(served, pending.number)
+            raise HTTPError(503, f"Model {name!r} version {pending.number} is being exported for its first request; "
+                                 "retry in a few seconds.", {"Retry-After": "5"}) from pending
         return served, number, model
+
+    def _export_soon(self, served: Served, number: int) -> None:
+        """Start exporting a pending version in the background (a caller that cannot wait was answered 503)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # not in the server's event loop: nothing to start
+        task = loop.create_task(self.export_version(served, number))
+        self._background.add(task)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._background.discard(task)
+        if not task.cancelled() and not isinstance(task.exception(), HTTPError | None):
+            logger.error("Exporting a version in the background failed: %r", task.exception())
+
+    async def resolve(self, name: str, version: str | None) -> tuple[Served, int, OnnxClassifier]:
+        """:meth:`lookup`, a version not exported yet exported first (the request waits for it). Raises HTTPError."""
+        served = self.find(name)
+        if version and version.isdigit() and int(version) in served.registry.pending:
+            await self.export_version(served, int(version))
+        return self.lookup(name, version)
+
+    async def export_version(self, served: Served, number: int) -> None:
+        """Export a pending version of ``served`` (once: requests that asked meanwhile find it done). Raises HTTPError
+        500 when it cannot be exported (the other versions go on serving)."""
+        async with self.changing() as loop:
+            if number not in served.registry.pending:
+                return
+            try:
+                await loop.run_in_executor(None, served.registry.export_pending, number)
+            except SbcliError as err:
+                logger.warning("Could not export version %d of %s: %s", number, served.source, err)
+                raise HTTPError(500, f"Model {served.name!r} version {number} could not be exported: "
+                                     f"{str(err).rstrip('.')}.") from err
+        logger.info("Exported version %d of %s on its first request", number, served.source)
 
     def for_predict(self, name: str | None) -> Served:
         """The model ``/predict`` answers with: the one served, or the one ``?model=`` names when there are several."""
@@ -218,12 +263,20 @@ class Models:
         where = f" nor in {', '.join(map(str, self.repositories))}" if self.repositories else ""
         raise HTTPError(404, f"Model {name!r} is not served here{where}; this server serves {self.names}.")
 
+    def _explicit(self, action: str) -> None:
+        """Refuse a client's load or unload unless the server was started in explicit model control mode (as Triton)."""
+        if self.cfg.model_control_mode != "explicit":
+            raise HTTPError(400, f"Explicit model {action} is not allowed: this server was started without "
+                                 "--model-control-mode explicit.")
+
     async def load(self, name: str) -> None:
         """Load (or reload) ``name`` from its source and list its versions, as Triton's explicit load does.
 
         Raises:
-            HTTPError: 404 (no such model), 400 (its source does not load: the old one, if any, still serves).
+            HTTPError: 404 (no such model), 400 (not in explicit model control mode, or its source does not load: the
+                old one, if any, still serves).
         """
+        self._explicit("load")
         async with self.changing() as loop:
             served = self.served.get(name) or self._discover(name)
             version = served.loaded.version + 1 if served.loaded is not None else 1
@@ -236,7 +289,9 @@ class Models:
         logger.info("Loaded model %s (model version %d)", name, new.version)
 
     async def unload(self, name: str) -> None:
-        """Stop serving ``name`` (requests already holding it finish). Raises HTTPError 404 for an unknown model."""
+        """Stop serving ``name`` (requests already holding it finish). Raises HTTPError 404 for an unknown model, 400
+        when the server is not in explicit model control mode."""
+        self._explicit("unload")
         async with self.changing():
             served = self.served.get(name)
             if served is None:

@@ -79,9 +79,10 @@ class Protocol:
     def ready(self) -> bool:
         return self.server.models.ready
 
-    def model(self, request: Request) -> tuple[Any, int, OnnxClassifier]:
-        """(the served model, the version's number, its classifier) that the path names. Raises HTTPError 404 or 503."""
-        return self.server.models.lookup(request.path_params["name"], request.path_params.get("version"))
+    async def model(self, request: Request) -> tuple[Any, int, OnnxClassifier]:
+        """(the served model, the version's number, its classifier) that the path names, a learner step not exported
+        yet exported first. Raises HTTPError 404, 500 or 503."""
+        return await self.server.models.resolve(request.path_params["name"], request.path_params.get("version"))
 
     async def live(self, _: Request) -> JSONResponse:
         return JSONResponse({"live": True})
@@ -94,14 +95,14 @@ class Protocol:
 
     async def model_metadata(self, request: Request) -> JSONResponse:
         try:
-            served, number, model = self.model(request)
+            served, number, model = await self.model(request)
         except HTTPError as err:
             return _error(err.status, str(err))
-        return JSONResponse(model_metadata(served.name, list(served.registry.versions), number, model))
+        return JSONResponse(model_metadata(served.name, served.registry.numbers, number, model))
 
     async def model_ready(self, request: Request) -> JSONResponse:
         try:
-            served, number, _ = self.model(request)
+            served, number, _ = await self.model(request)
         except HTTPError as err:
             return _error(err.status, str(err))
         return JSONResponse({"name": served.name, "version": str(number), "ready": served.ready},
@@ -111,7 +112,7 @@ class Protocol:
         cfg = self.server.cfg
         with self.server.inflight.lease() as lease:  # the body and the tensors parsed from it, held until the answer
             try:
-                served, number, model = self.model(request)
+                served, number, model = await self.model(request)
 
                 async def parsed() -> codec.Request:
                     body = await read_body(request, cfg.max_request_bytes, lease, copies=2, timeout_s=cfg.request_timeout_s)

@@ -94,7 +94,7 @@ class Extensions:
 
     async def list_models(self, _: Request) -> JSONResponse:
         models = self.server.models
-        return JSONResponse({"models": [{"name": s.name, "versions": [str(v) for v in sorted(s.registry.versions)],
+        return JSONResponse({"models": [{"name": s.name, "versions": [str(v) for v in s.registry.numbers],
                                          "platform": PLATFORM, "ready": s.ready} for s in models.served.values()]})
 
     async def get_config(self, request: Request) -> Response:

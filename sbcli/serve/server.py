@@ -27,7 +27,7 @@ from PIL import Image
 
 from sbcli.data.pixels import DEFAULT_MAX_PIXELS
 from sbcli.errors import ConfigError, ExportError
-from sbcli.serve.app import CONFIG_ENV, ServeConfig, Server, create_app
+from sbcli.serve.app import CONFIG_ENV, CONTROL_MODES, ServeConfig, Server, create_app
 from sbcli.serve.batching import BatchConfig
 from sbcli.serve.providers import CHOICES
 from sbcli.text import printable
@@ -110,10 +110,14 @@ def check(cfg: ServeConfig, listen: Listen) -> None:
     """Refuse bad options before anything loads (one sentence each, naming the option)."""
     if cfg.provider not in CHOICES:
         raise ConfigError(f"--provider {cfg.provider} is unknown; choose one of: {', '.join(CHOICES)}.")
+    if cfg.model_control_mode not in CONTROL_MODES:
+        raise ConfigError(f"--model-control-mode {cfg.model_control_mode} is unknown; choose one of: "
+                          f"{', '.join(CONTROL_MODES)}.")
     if cfg.gpu() is not None:
         cfg.gpu().check(cfg.provider)
     check_processes(cfg, listen)
     check_grpc(listen)
+    check_metrics_port(cfg, listen)
     check_batching(cfg)
     check_bytes(cfg)
     check_pixels(cfg.max_image_pixels, cfg.max_request_pixels)
@@ -145,6 +149,15 @@ def check_grpc(listen: Listen) -> None:
         raise ExportError(f"--grpc-port needs grpcio; {GRPC_HINT}.") from err
 
 
+def check_metrics_port(cfg: ServeConfig, listen: Listen) -> None:
+    """0 (off) or a port of its own, neither the HTTP nor the gRPC one."""
+    within("--metrics-port", cfg.metrics_port, 0, 65535)
+    taken = {listen.port: "--port", listen.grpc_port: "--grpc-port"}
+    if cfg.metrics_port and cfg.metrics_port in taken:
+        raise ConfigError(f"--metrics-port must differ from {taken[cfg.metrics_port]} ({cfg.metrics_port}), or be 0 "
+                          "(off): each listener needs its own port.")
+
+
 def check_batching(cfg: ServeConfig) -> None:
     within("--top-k", cfg.top_k, 1)
     within("--max-images", cfg.max_images, 1)
@@ -164,6 +177,7 @@ def check_bytes(cfg: ServeConfig) -> None:
                           f"the largest size fits, not {cfg.inflight_bytes / MIB:g}.")
     within("--max-inflight-mb", cfg.inflight_bytes / MIB, request_mb, MAX_INFLIGHT_MB)
     within("--request-timeout", cfg.request_timeout_s, MIN_REQUEST_TIMEOUT_S, MAX_REQUEST_TIMEOUT_S)
+    within("--header-timeout", cfg.header_timeout_s, MIN_REQUEST_TIMEOUT_S, MAX_REQUEST_TIMEOUT_S)
 
 
 def check_connections(cfg: ServeConfig) -> None:
@@ -171,6 +185,8 @@ def check_connections(cfg: ServeConfig) -> None:
     from sbcli.serve.guard import connection_limit, open_file_limit
 
     within("--max-connections", cfg.connections, 1)
+    if cfg.max_connections_per_client is not None:
+        within("--max-connections-per-client", cfg.max_connections_per_client, 1)
     room = connection_limit()
     if room is not None and cfg.connections > room:
         raise ConfigError(f"--max-connections must be at most {room}, what this process's limit of {open_file_limit()} "
@@ -178,13 +194,13 @@ def check_connections(cfg: ServeConfig) -> None:
                           f"not {cfg.connections}.")
 
 
-def check_address(listen: Listen) -> None:
-    """Refuse a --host that does not resolve, or an address and port (HTTP, and gRPC) this process cannot listen on.
+def check_address(listen: Listen, metrics_port: int = 0) -> None:
+    """Refuse a --host that does not resolve, or an address and port (HTTP, gRPC, metrics) this process cannot listen on.
 
     It binds the way uvicorn will (SO_REUSEADDR, so a port in TIME_WAIT is free), and lets go: a
     mistyped host or a port in use is one sentence before the model loads, not uvicorn's message after.
     """
-    for port, flag in ((listen.port, "--port"), (listen.grpc_port, "--grpc-port")):
+    for port, flag in ((listen.port, "--port"), (listen.grpc_port, "--grpc-port"), (metrics_port or None, "--metrics-port")):
         if port is not None:
             probe_address(listen.host, port, flag)
 
@@ -225,7 +241,7 @@ def prepare(cfg: ServeConfig, listen: Listen) -> Server:
     except ImportError as err:
         raise ExportError(f"`sb serve` needs Starlette and uvicorn; {SERVER_HINT}.") from err
     check(cfg, listen)
-    check_address(listen)
+    check_address(listen, cfg.metrics_port)
     server = Server(cfg)
     server.load()
     return server
@@ -277,11 +293,40 @@ def run(server: Server, listen: Listen) -> None:
     options = uvicorn_options(listen, server.cfg)
     if server.cfg.grpc_listen:
         options["loop"] = "asyncio"  # grpc.aio shares uvicorn's loop: the standard one, whatever uvloop is installed
-    if listen.workers == 1:
-        uvicorn.run(create_app(server), **options)
+    if listen.workers > 1:
+        os.environ[CONFIG_ENV] = server.cfg.to_env()  # each worker process builds its app from it
+        app: Any = "sbcli.serve.app:app_from_env"
+        options.update(factory=True, workers=listen.workers)
+    else:
+        app = create_app(server)
+    if not server.cfg.metrics_port:
+        uvicorn.run(app, **options)
         return
-    os.environ[CONFIG_ENV] = server.cfg.to_env()  # each worker process builds its app from it
-    uvicorn.run("sbcli.serve.app:app_from_env", factory=True, workers=listen.workers, **options)
+    run_with_metrics_port(uvicorn.Config(app, **options), server.cfg.metrics_port)
+
+
+def run_with_metrics_port(config: Any, metrics_port: int) -> None:
+    """uvicorn on two listening sockets, the main port and the metrics port, as uvicorn serves the sockets it is
+    handed (each --workers process accepts on both); the app answers only GET /metrics on the metrics port
+    (:class:`sbcli.serve.metrics.MetricsPortOnly`)."""
+    import inspect
+
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    sockets = [config.bind_socket(), uvicorn.Config(config.app, host=config.host, port=metrics_port).bind_socket()]
+    server = uvicorn.Server(config)
+    try:
+        if config.workers > 1:
+            target = {"target": server.run} if "target" in inspect.signature(Multiprocess).parameters else {}
+            Multiprocess(config, sockets=sockets, **target).run()  # uvicorn < 0.36 names the worker's target
+        else:
+            server.run(sockets=sockets)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def describe(server: Server) -> dict[str, Any]:

@@ -31,8 +31,10 @@ EXPORTERS = ("sbcli.export.serving",)
 
 
 def triton_versions(folder: Path) -> dict[int, Path]:
-    """The numbered versions of a Triton model folder (``N/model.onnx`` beside ``config.pbtxt``)."""
-    if not (folder / "config.pbtxt").is_file():
+    """The numbered versions of a Triton model folder (``N/model.onnx``). ``config.pbtxt`` may be absent: Triton
+    completes an ONNX model's configuration itself, and so does sb serve (its configuration is always made from the
+    model, :func:`sbcli.serve.oip_triton.model_config`)."""
+    if not folder.is_dir() or (folder / "learner.json").is_file():
         return {}
     return {int(d.name): d / "model.onnx" for d in folder.iterdir()
             if d.name.isdigit() and int(d.name) > 0 and (d / "model.onnx").is_file()}
@@ -43,9 +45,9 @@ def is_triton_model(path: Path) -> bool:
 
 
 def repository_models(folder: Path) -> dict[str, Path]:
-    """The Triton model folders of a model repository (``NAME/config.pbtxt`` beside ``NAME/N/model.onnx``), by
-    name; hidden folders (an export still being written) are not models."""
-    if not folder.is_dir() or (folder / "config.pbtxt").is_file() or (folder / "learner.json").is_file():
+    """The Triton model folders of a model repository (``NAME/N/model.onnx``, with or without ``NAME/config.pbtxt``),
+    by name; hidden folders (an export still being written) are not models."""
+    if not folder.is_dir() or (folder / "config.pbtxt").is_file() or triton_versions(folder) or (folder / "learner.json").is_file():
         return {}
     return {d.name: d for d in sorted(folder.iterdir()) if not d.name.startswith(".") and is_triton_model(d)}
 
@@ -101,6 +103,9 @@ class LearnerExporter(Protocol):
 
     def step_onnx(self, learner_dir: Path, step: int, files: dict[str, str]) -> Path:
         """Kept step ``step`` as an ONNX file (in the serve cache)."""
+
+    def cached_step_onnx(self, learner_dir: Path, step: int, files: dict[str, str]) -> Path | None:
+        """Kept step ``step``'s ONNX file when the serve cache holds it already (found in this process: no export)."""
 
 
 def exporter_of(spec: str | None, source: Path) -> LearnerExporter:

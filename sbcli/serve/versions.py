@@ -1,7 +1,11 @@
 """The model versions ``sb serve`` answers on the inference protocol: versions are learner steps.
 
-* a learner directory: every kept step up to the current one (each exported once to the serve
-  cache, by the exporter the caller names; the current step is the model ``/predict`` serves);
+* a learner directory: every kept step up to the current one. The current step (the model
+  ``/predict`` serves) is exported and served first, so the server is ready in the time of one
+  export and one listing of the steps (no export when the cache holds it). Each other kept step is opened from the serve cache when
+  an earlier run exported it (the cache is keyed by the step's own bytes), and otherwise listed as
+  *pending*: the first request for it exports it (by the exporter the caller names) and waits for
+  it; later ones find it loaded;
 * a Triton model folder from ``sb export --format triton``: each numbered version in it;
 * an ``.onnx`` file: the step it was exported from (its ``steps`` metadata); a file replaced by
   one of a later step adds a version, by one of the same step replaces it.
@@ -36,9 +40,18 @@ def warm(model: OnnxClassifier) -> None:
     model.scores(np.zeros((1, 3, model.image_size, model.image_size), np.float32))
 
 
+class PendingVersion(Exception):  # noqa: N818  (a state, not a failure: the caller exports it)
+    """A kept step listed but not exported yet: :meth:`Registry.export_pending` makes it a version."""
+
+    def __init__(self, number: int) -> None:
+        super().__init__(f"version {number} is not exported yet")
+        self.number = number
+
+
 @dataclass
 class Registry:
-    """The versions served, by number; ``failing`` holds why the last change could not be served."""
+    """The versions served, by number, and the learner steps listed but not exported yet (``pending``: step -> its
+    files); ``failing`` holds why the last change could not be served."""
 
     source: Path
     provider: str = "auto"
@@ -46,6 +59,7 @@ class Registry:
     gpu: Any = None  # sbcli.serve.gpu.GpuOptions
     exporter: str | None = None  # the module that exports a learner's steps (sbcli.serve.source.LearnerExporter)
     versions: dict[int, OnnxClassifier] = field(default_factory=dict)
+    pending: dict[int, dict[str, str]] = field(default_factory=dict)
     failing: str | None = None
     synced: Loaded | None = None
 
@@ -61,23 +75,50 @@ class Registry:
     def ready(self) -> bool:
         return bool(self.versions) and self.failing is None
 
+    @property
+    def numbers(self) -> list[int]:
+        """Every version listed: loaded, or pending (exported on its first request)."""
+        return sorted({*self.versions, *self.pending})
+
     def get(self, version: str | None) -> tuple[int, OnnxClassifier]:
-        """The version asked for (default: the latest). Raises KeyError naming the versions served."""
+        """The version asked for (default: the latest).
+
+        Raises:
+            KeyError: naming the versions served.
+            PendingVersion: a kept step not exported yet (:meth:`export_pending`).
+        """
         if not self.versions:
             raise KeyError("no version is loaded yet")
         if version is None or version == "":
             return self.latest, self.versions[self.latest]
+        if version.isdigit() and int(version) in self.pending and int(version) not in self.versions:
+            raise PendingVersion(int(version))
         if not version.isdigit() or int(version) not in self.versions:
-            raise KeyError(f"version {version} is not served (versions: {', '.join(map(str, sorted(self.versions)))})")
+            raise KeyError(f"version {version} is not served (versions: {', '.join(map(str, self.numbers))})")
         return int(version), self.versions[int(version)]
+
+    def export_pending(self, number: int) -> None:
+        """Export kept step ``number`` and serve it as a version (blocking: the exporter's child interpreter)."""
+        files = self.pending.get(number)
+        if files is None:
+            return  # exported meanwhile, or no longer kept
+        exporter = exporter_of(self.exporter, self.source)
+        model = open_onnx(exporter.step_onnx(self.source, number, files), self.provider, self.threads, self.gpu)
+        warm(model)
+        self.versions = {**self.versions, number: model}  # one assignment each: a request sees the old or the new
+        self.pending = {n: f for n, f in self.pending.items() if n != number}
 
     def number(self, model: OnnxClassifier) -> int:
         """The version ``model`` is served as (before the first listing: the step it was exported from)."""
         return next((n for n, m in self.versions.items() if m is model), step_of(model, 1))
 
     def sync(self, loaded: Loaded) -> None:
-        """Serve what ``loaded`` (the model ``/predict`` now serves) and its source hold; blocking (exports, loads)."""
+        """Serve what ``loaded`` (the model ``/predict`` now serves) and its source hold; blocking (loads; a learner's
+        other steps are listed, and opened only where the cache holds them)."""
         if loaded is self.synced:
+            return
+        if is_learner(self.source):
+            self._sync_learner(loaded)
             return
         found = self._found(loaded)
         for number, model in found.items():
@@ -86,18 +127,30 @@ class Registry:
         self.versions = found  # one assignment: a request sees the old dict or the new one
         self.synced = loaded
 
+    def _sync_learner(self, loaded: Loaded) -> None:
+        """The current step, and the other kept steps listed (one child interpreter): opened from the cache, or pending;
+        none is exported here."""
+        current = step_of(loaded.model, loaded.version)
+        if self.versions.get(current) is not loaded.model:
+            warm(loaded.model)
+        exporter = exporter_of(self.exporter, self.source)
+        found, pending = {}, {}
+        for number, files in sorted(exporter.kept_steps(self.source).items()):
+            if number == current:
+                found[number] = loaded.model
+            elif number in self.versions:
+                found[number] = self.versions[number]
+            elif (cached := exporter.cached_step_onnx(self.source, number, files)) is not None:
+                found[number] = open_onnx(cached, self.provider, self.threads, self.gpu)
+                warm(found[number])
+            else:
+                pending[number] = files
+        found.setdefault(current, loaded.model)
+        self.versions, self.pending = found, pending
+        self.synced = loaded
+
     def _found(self, loaded: Loaded) -> dict[int, OnnxClassifier]:
         current = step_of(loaded.model, loaded.version)
-        if is_learner(self.source):
-            exporter, out = exporter_of(self.exporter, self.source), {}
-            for number, files in sorted(exporter.kept_steps(self.source).items()):
-                if number == current:
-                    out[number] = loaded.model
-                elif number in self.versions:
-                    out[number] = self.versions[number]
-                else:
-                    out[number] = open_onnx(exporter.step_onnx(self.source, number, files), self.provider, self.threads, self.gpu)
-            return out
         if is_triton_model(self.source):
             paths = triton_versions(self.source)
             top = max(paths)
