@@ -163,7 +163,7 @@ def scratch_path(train: Path, test: Path, order: list[str], per_task: int, tasks
         seconds.append(round(time.perf_counter() - start, 2))
         curve.append(summary.metrics.overall)
     images = sum(1 for _ in folders[1, "train"].rglob("*.*"))
-    return {"method": f"{run.method}+{getattr(learner.state.method_config, 'inference', '')}", "image_size": seq.image_size,
+    return {"method": f"{run.method}+{getattr(learner.state.method_config, 'inference', '')}", "image_size": learner.state.image_size,
             "epochs": run.train.epochs, "curve": [round(a, 2) for a in curve], "add_task_s": seconds,
             "images_per_s": round(images / seconds[0], 2)}
 

@@ -83,7 +83,7 @@ def test_every_tensor_lands_on_one_of_its_kind_and_the_cached_file_gives_the_sam
 
 
 def test_a_shuffled_or_shorter_checkpoint_is_refused_by_position():
-    import timm
+    timm = pytest.importorskip("timm")
 
     ours = timm.create_model(LITE0.timm_name, pretrained=False).state_dict()
     items = list(ours.items())
