@@ -1,8 +1,8 @@
 """Peak memory of `sb add-task` against the number of new images, for a frozen backbone (RanPAC).
 
 Writes synthetic class-per-folder JPEG images at ``--image-size`` (a smooth colour field per image, a
-hue per class), trains a small backbone learner (ResNet-18 at ``--width``, one epoch on images of its
-own), starts a RanPAC learner on it with a first task of 2 classes, then times one
+hue per class), trains a small backbone learner (``--arch``, default the ImageNet-style ResNet-18, at
+``--width``, one epoch on images of its own), starts a RanPAC learner on it with a first task of 2 classes, then times one
 ``sb add-task COPY FOLDER`` per size in ``--images`` (10 new classes) on a fresh copy of that learner,
 and prints one JSON line per size: the peak resident memory of the add-task process (``ru_maxrss`` of
 a child waited for alone), its wall time and its images per second; then the ratio of the largest
@@ -70,6 +70,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--images", default="2000,8000,32000", help="new images per add-task, comma-separated")
     ap.add_argument("--image-size", type=int, default=224)
+    ap.add_argument("--arch", default="resnet18-in", help="the backbone's architecture (resnet18-in: ImageNet-style stem)")
     ap.add_argument("--width", type=float, default=0.25)
     ap.add_argument("--projection", type=int, default=2000)
     ap.add_argument("--threads", type=int, default=0, help="--threads of the learner (0: as sbcli chooses)")
@@ -80,7 +81,7 @@ def main() -> None:
         write_images(out / "backbone-data", 4, 20, size, 1, prefix="b")
         write_images(out / "first" / "train", 2, 20, size, 2, prefix="f")
         write_images(out / "first" / "test", 2, 10, size, 3, prefix="f")
-        sb("train", str(out / "backbone-data"), "--method", "std", "--arch", "resnet18", "--width", str(args.width),
+        sb("train", str(out / "backbone-data"), "--method", "std", "--arch", args.arch, "--width", str(args.width),
            "--epochs", "1", "--image-size", str(size), "--no-test-sample", "-o", str(out / "backbone"), *common)
         extra = ["--threads", str(args.threads)] if args.threads else []
         sb("train", str(out / "first" / "train"), "--test", str(out / "first" / "test"), "--method", "ranpac",
@@ -96,7 +97,8 @@ def main() -> None:
         shutil.copytree(out / "base", learner)
         peak, seconds = measured("add-task", str(learner), str(folder), *common)
         peaks[n] = peak
-        print(json.dumps({"images": n, "image_size": size, "peak_rss_mib": round(peak, 1),
+        print(json.dumps({"images": n, "image_size": size, "arch": args.arch, "width": args.width,
+                          "projection": args.projection, "peak_rss_mib": round(peak, 1),
                           "seconds": round(seconds, 1), "images_per_s": round(n / seconds, 1)}), flush=True)
         shutil.rmtree(learner)
     print(json.dumps({"largest_over_smallest_peak": round(max(peaks.values()) / min(peaks.values()), 3),

@@ -76,6 +76,7 @@ def main() -> None:
         onnx_path = Path(tmp) / "backbone.onnx"
         torch.onnx.export(Features(model), (batches[0],), str(onnx_path), input_names=["x"], output_names=["f"],
                           dynamic_axes={"x": {0: "n"}, "f": {0: "n"}}, dynamo=False)
+        model.eval()  # the exporter leaves the module in training mode (BatchNorm on batch statistics)
         import onnxruntime as ort
 
         options = ort.SessionOptions()

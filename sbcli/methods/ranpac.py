@@ -181,7 +181,27 @@ def held_back_split(labels: torch.Tensor, fraction: float, seed: int, limit: int
 def accumulate_rows(gram: torch.Tensor, targets: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
                     classes: int, projection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """G + H^T H and Q + H^T Y over ``features`` projected :data:`ROWS` at a time: the memory taken is one
-    chunk's H, whatever the number of images (one chunk, and the same bits as one product, up to ROWS)."""
+    chunk's H, whatever the number of images (one chunk, and the same bits as one product, up to ROWS).
+
+    Under torchrun each rank adds its own shard of the rows (:func:`sbcli.engine.distributed.shard_range`)
+    and ``all_reduce`` sums the ranks' sums: the same G and Q as one process, up to float64's order of
+    summation.
+    """
+    import torch
+
+    from sbcli.engine import distributed
+
+    group = distributed.info()
+    if group.enabled:
+        lo, hi = distributed.shard_range(len(features), group)
+        local = _accumulate_chunks(torch.zeros_like(gram), torch.zeros_like(targets), features[lo:hi], labels[lo:hi],
+                                   classes, projection)
+        return gram + distributed.all_reduce_sum(local[0], group), targets + distributed.all_reduce_sum(local[1], group)
+    return _accumulate_chunks(gram, targets, features, labels, classes, projection)
+
+
+def _accumulate_chunks(gram: torch.Tensor, targets: torch.Tensor, features: torch.Tensor, labels: torch.Tensor,
+                       classes: int, projection: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     for start in range(0, len(features), ROWS):
         h = project(features[start:start + ROWS], projection)
         gram, targets = accumulate(gram, targets, h, one_hot(labels[start:start + ROWS], classes))

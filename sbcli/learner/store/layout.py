@@ -433,8 +433,6 @@ def _objects(value: Any, kept: set[int], where: Path) -> dict[int, tuple[str, ..
     """``learner.json``'s ``objects``: kept step -> the SHA-256 of its blocks (a step with none may be absent)."""
     if value is None:
         return {}
-    from sbcli.learner.store.objects import HEX64
-
     if not isinstance(value, dict) or not all(
             isinstance(k, str) and k.isdigit() and int(k) in kept and isinstance(v, list)
             and all(isinstance(s, str) and HEX64.fullmatch(s) for s in v) for k, v in value.items()):
