@@ -24,6 +24,7 @@ from sbcli.cli._options import (
     TestRootsOpt,
     WarmupOpt,
 )
+from sbcli.cli.console import plain
 
 EPILOG = """Examples:
 
@@ -74,7 +75,7 @@ def add_task(
     reporter = progress.reporter(quiet or not main, every=None)  # a tenth of the step's epochs, from its start
     watchers = [reporter, *(log_watchers(log, learner) if main and log else [])]  # each told every event of the run
     with api.session(device), reporter:
-        reporter.note(f"Adding the classes of {folder} to {learner}")
+        reporter.note(f"Adding the classes of {plain(folder)} to {plain(learner)}")
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal,
                                      balance_epochs=balance_epochs, name=dataset_name)
@@ -96,7 +97,7 @@ def add_task(
             render.OUT.print(line, highlight=False, soft_wrap=True)
             if hint:
                 render.OUT.print(hint, highlight=False, soft_wrap=True)
-        render.OUT.print(f"Learner {learner} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")
+        render.OUT.print(f"Learner {plain(learner)} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")
 
     render.Output(json_out).result({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(),
                                     "history": [h.to_json() for h in history], "summary": result, "notes": step.notes},

@@ -10,6 +10,7 @@ import typer
 from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import DeviceOpt, JsonOpt, LearnerArg, StepOpt, TestRootsOpt
+from sbcli.cli.console import plain
 
 EPILOG = """Examples:
 
@@ -47,12 +48,12 @@ def evaluate(
     def show() -> None:
         used = result["test_data"]
         if folder is not None:
-            render.ERR.print(f"Test images: the {result['test_images']} images of {folder}.", highlight=False, soft_wrap=True)
+            render.ERR.print(f"Test images: the {result['test_images']} images of {plain(folder)}.", highlight=False, soft_wrap=True)
         for task in used["tasks"]:
-            render.ERR.print(f"Test images of task {task['task']}: {task['images']} from {task['detail']}.",
+            render.ERR.print(f"Test images of task {task['task']}: {task['images']} from {plain(task['detail'])}.",
                              highlight=False, soft_wrap=True)
         m = result["metrics"]
-        table = render.Table(title=f"{result['learner']}: {result['method']}, {result['classes']} classes, {result['test_images']} test images")
+        table = render.Table(title=f"{plain(result['learner'])}: {result['method']}, {result['classes']} classes, {result['test_images']} test images")
         for col in ("accuracy", "old", "new", "intra-old", "intra-new"):
             table.add_column(col, justify="right")
         table.add_row(render.fmt(m["overall"]), render.fmt(m["old"]), render.fmt(m["new"]), render.fmt(m["intra_old"]),

@@ -11,6 +11,7 @@ import typer
 from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import OUT, JsonOpt, LearnerArg, QuietOpt, StepOpt
+from sbcli.cli.console import plain
 
 FORMATS = ("onnx", "triton")
 HUB = "Hub"
@@ -108,13 +109,13 @@ def export(
                 render.OUT.print(parity_line(report["parity"]))
         if "onnx" in result:
             r = result["onnx"]
-            render.OUT.print(f"Wrote {r['path']} ({r['bytes'] / 1e6:.1f} MB): {r['num_classes']} classes, input [N, 3, "
+            render.OUT.print(f"Wrote {plain(r['path'])} ({r['bytes'] / 1e6:.1f} MB): {r['num_classes']} classes, input [N, 3, "
                              f"{r['image_size']}, {r['image_size']}] in [0, 1], inference {r['inference']}, "
                              f"{r['precision']}, opset {r['opset']}")
         if "hub" in result:
             h = result["hub"]
             revisions = " and ".join(f"{name} ({commit[:10]})" for name, commit in h["revisions"].items())
-            render.OUT.print(f"Pushed {', '.join(h['files'])} to {h['url']}: revisions {revisions}")
+            render.OUT.print(f"Pushed {', '.join(h['files'])} to {plain(h['url'])}: revisions {revisions}")
             if "main" not in h["revisions"]:
                 render.OUT.print("main was left as it is: it holds a later step of this sequence.")
 
@@ -169,7 +170,7 @@ def _triton(learner: Path, out: Optional[Path], half: bool, opset: Optional[int]
     def show() -> None:
         render.OUT.print(parity_line(report["onnx"]["parity"]))
         versions = ", ".join(map(str, report["versions"]))
-        render.OUT.print(f"Wrote {report['model_dir']}: {', '.join(report['files'])} (versions {versions}: the learner's kept "
+        render.OUT.print(f"Wrote {plain(report['model_dir'])}: {', '.join(report['files'])} (versions {versions}: the learner's kept "
                          f"steps; {report['onnx']['num_classes']} classes at the latest, dynamic batching); serve it with tritonserver --model-repository={repo}")
 
     render.Output(json_out).result(report, show)

@@ -10,6 +10,7 @@ import typer
 
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import OUT, JsonOpt, QuietOpt
+from sbcli.cli.console import plain
 
 HUB = "Hub"
 
@@ -85,12 +86,12 @@ def pull(
             return
         checked = f"{len(report.verified)} files verified against the zoo index" if report.verified else "no zoo hashes to check"
         cache = ", from the local cache" if report.from_cache else ""
-        render.ERR.print(f"Pulled {report.origin}{cache}: {checked}.", highlight=False, soft_wrap=True)
+        render.ERR.print(f"Pulled {plain(report.origin)}{cache}: {checked}.", highlight=False, soft_wrap=True)
         for note in report.notes:
-            render.ERR.print(f"Note: {note}.", highlight=False, soft_wrap=True)
+            render.ERR.print(f"Note: {plain(note)}.", highlight=False, soft_wrap=True)
         grow = f"sb add-task {report.path} FOLDER --test FOLDER"
         then = grow if report.contents.get("classes") == 0 else f"sb evaluate {report.path}  |  {grow}"  # none yet: grow it
-        render.ERR.print(f"Continue with: {then}", highlight=False, soft_wrap=True)
+        render.ERR.print(f"Continue with: {plain(then)}", highlight=False, soft_wrap=True)
         typer.echo(str(report.path))
 
     render.Output(json_out).result(report.to_json(), show)

@@ -9,6 +9,7 @@ import typer
 from sbcli.cli import paths
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import JsonOpt, LearnerArg
+from sbcli.cli.console import plain
 
 EPILOG = """Examples:
 
@@ -34,9 +35,9 @@ def rollback(
     def show() -> None:
         kept = ", ".join(str(n) for n in result["kept_steps"])
         if result["step"] == result["previous"]:
-            render.OUT.print(f"{learner} is already at step {step}; nothing changed (kept steps: {kept}).", highlight=False)
+            render.OUT.print(f"{plain(learner)} is already at step {step}; nothing changed (kept steps: {kept}).", highlight=False)
             return
-        render.OUT.print(f"{learner} is at step {step} again ({result['classes']} classes; it was at step "
+        render.OUT.print(f"{plain(learner)} is at step {step} again ({result['classes']} classes; it was at step "
                          f"{result['previous']}). Kept steps: {kept}; the next add-task replaces the steps after {step}.",
                          highlight=False)
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sbcli.cli import render
+from sbcli.cli.console import plain
 
 if TYPE_CHECKING:
     from sbcli.api import MemorySettings, Provenance, StepRecord, TaskRecord
@@ -24,7 +25,7 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
     reporter = progress.reporter(quiet or not main, every=max(1, run.train.epochs // 10))
     watchers = [reporter, *(log_watchers(log, out) if main and log else [])]  # each told every event of the run
     with api.session(run.device), reporter:
-        reporter.note(f"Training {run.method} on {seq.source or 'demo'} → {out}")
+        reporter.note(f"Training {run.method} on {plain(seq.source or 'demo')} → {plain(out)}")
         learner = api.train(seq, run, out, resume=resume, keep=keep, on_progress=watchers)
     if not main:
         return
@@ -38,7 +39,7 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
         hint = keeping_hint(history, learner.state.memory, learner.state.provenance, learner.state.tasks)
         if hint:
             render.OUT.print(hint, highlight=False, soft_wrap=True)
-        render.OUT.print(f"Learner saved to {out} (with history.csv{render.png_note(out)}); "
+        render.OUT.print(f"Learner saved to {plain(out)} (with history.csv{render.png_note(out)}); "
                          f"add classes with `sb add-task {out} FOLDER --test FOLDER`.")
 
     render.Output(json_out).result({"learner": str(out), "history": [h.to_json() for h in history], "summary": result},
