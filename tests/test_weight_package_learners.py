@@ -39,7 +39,7 @@ if not _installed():
 @pytest.fixture(scope="module", autouse=True)
 def weights_cache(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
+        mp.setenv("SBCLI_CACHE", str(tmp_path_factory.mktemp("sbcli-cache")))
         yield
 
 

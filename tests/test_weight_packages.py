@@ -44,7 +44,7 @@ needs_lite0 = pytest.mark.skipif(not _installed(LITE0), reason=f"{LITE0.distribu
 def weights_cache(tmp_path_factory: pytest.TempPathFactory):
     """Converted weights go to a cache of this module's own (subprocesses inherit it)."""
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("xdg")))
+        mp.setenv("SBCLI_CACHE", str(tmp_path_factory.mktemp("sbcli-cache")))
         yield
 
 
@@ -117,7 +117,7 @@ def test_a_package_that_is_not_installed_names_the_pip_install():
 
 @needs_lite0
 def test_a_conversion_that_fails_leaves_nothing_under_the_cache_name(monkeypatch, tmp_path):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setenv("SBCLI_CACHE", str(tmp_path))
     import safetensors.torch
 
     def boom(tensors, path, metadata=None):
@@ -127,7 +127,7 @@ def test_a_conversion_that_fails_leaves_nothing_under_the_cache_name(monkeypatch
     monkeypatch.setattr(safetensors.torch, "save_file", boom)
     with pytest.raises(OSError):
         converted(LITE0)
-    assert list((tmp_path / "sbcli" / "weights").iterdir()) == []
+    assert list((tmp_path / "weights").iterdir()) == []
 
 
 # Measured (2-core CPU, this test's own code): 72 of the first 200 validation images in file-name order, top-1 36.0 %,

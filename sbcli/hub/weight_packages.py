@@ -11,8 +11,8 @@ What happens to a package's file, once per file and machine:
 2. it is read with ``torch.load(weights_only=True)``, which rebuilds tensors and never runs code;
 3. its tensors are put, by position, onto timm's ``tf_efficientnet_lite0`` (lite1, lite2): the same
    layers in the same order, every shape checked (the package's names are another port's);
-4. the result is written as safetensors into sbcli's cache (``$XDG_CACHE_HOME/sbcli/weights``, else
-   ``~/.cache/sbcli/weights``) in one rename, named by the source file's SHA-256; later runs read that.
+4. the result is written as safetensors into sbcli's cache (``$SBCLI_CACHE/weights``, else
+   ``$XDG_CACHE_HOME/sbcli/weights``, else ``~/.cache/sbcli/weights``) in one rename, named by the source file's SHA-256; later runs read that.
 
 The release's own input: 224, 240 and 260 px, normalised with mean = std = 0.5 per channel (the TF
 release's ``(x - 127) / 128``; timm's configuration of these architectures says the same). A learner
@@ -86,7 +86,10 @@ def package(ref: str) -> WeightPackage:
 
 
 def cache_dir() -> Path:
-    """Where converted weights are kept: ``$XDG_CACHE_HOME/sbcli/weights``, else ``~/.cache/sbcli/weights``."""
+    """Where converted weights are kept: ``$SBCLI_CACHE/weights`` (beside the decode and feature caches), else
+    ``$XDG_CACHE_HOME/sbcli/weights``, else ``~/.cache/sbcli/weights``."""
+    if os.environ.get("SBCLI_CACHE"):
+        return Path(os.environ["SBCLI_CACHE"]).expanduser() / "weights"
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "sbcli" / "weights"
 
