@@ -5,6 +5,7 @@ backbone and for a folder of known classes alone."""
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -108,3 +109,20 @@ def test_a_folder_of_known_classes_alone_is_refused(color_data, one_task_learner
     with pytest.raises(DataError, match="already knows every class of .*a step adds at least one new class"):
         api.add_task(grown, write_class_folder(tmp_path / "more", ["red"], 4, seed=3), device="cpu")
     assert hashes(grown) == before
+
+
+@pytest.mark.parametrize("method, why", [("simplecil", "keeps its classes as means"),
+                                         ("ranpac", "a learner that keeps exemplars")])
+def test_a_frozen_learner_that_cannot_add_them_exactly_refuses_known_classes(method, why, color_data, one_task_learner,
+                                                                              monkeypatch, tmp_path):
+    learner = tmp_path / "learner"
+    options = {"method_options": {"projection": 32}, "memory": 8} if method == "ranpac" else {"method_options": {}}
+    api.train(api.SequenceOptions(source=str(color_data["task1_train"]), tasks=1),
+              dataclasses.replace(_options(one_task_learner), method=method, **options), learner)
+    mixed = _merge([color_data["task2_train"], write_class_folder(tmp_path / "more", ["red"], 4, seed=3)],
+                   tmp_path / "mixed")
+    before = hashes(learner)
+    monkeypatch.setattr("sbcli.run.add_task.open_spec", _never)
+    with pytest.raises(DataError, match=f"already knows red \\(.*{why}"):
+        api.add_task(learner, mixed, device="cpu")
+    assert hashes(learner) == before
