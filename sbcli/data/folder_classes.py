@@ -35,19 +35,26 @@ def check_same_classes(train: Path, test: Path) -> None:
                     "give a --test folder with the same class folders.")
 
 
-def check_new_classes(train: Path, test: Path | None, known: list[str]) -> None:
-    """Refuse new class folders (``sb add-task``) whose test folder holds other classes, or that name a
-    class already learned.
+def check_new_classes(train: Path, test: Path | None, known: list[str], known_refusal: str | None = "") -> None:
+    """Refuse class folders (``sb add-task``) whose test folder holds other classes, or that name a class
+    already learned where the learner cannot take more images of it.
 
+    ``known_refusal``: None where the learner takes images of known classes (then the folder must still hold
+    at least one new class); otherwise why it cannot, a clause ending the sentence ("" for no reason given).
     ``train`` that is not a directory is left to the loader, which names what it is.
     """
     if not Path(train).expanduser().is_dir():
         return
     if test is not None:
         check_same_classes(train, test)
-    clash = sorted(set(class_names(train)) & set(known))
-    if clash:
-        raise DataError(f"The learner already knows {_some(clash)}; rename those class folders or drop them.")
+    names = class_names(train)
+    clash = sorted(set(names) & set(known))
+    if clash and known_refusal is not None:
+        why = f" ({known_refusal})" if known_refusal else ""
+        raise DataError(f"The learner already knows {_some(clash)}{why}; rename those class folders or drop them.")
+    if names and len(clash) == len(names):
+        raise DataError(f"The learner already knows every class of {train} ({_some(clash)}); a step adds at least "
+                        "one new class: put the more images of known classes in a folder with a new class.")
 
 
 def check_first_task(sizes: list[int]) -> None:

@@ -121,7 +121,9 @@ def class_table(state: LearnerState) -> str:
     rows = ["| step | classes |", "|---:|---|"]
     for step in range(state.steps):
         names = [n for n, t in zip(state.class_names, state.class_task, strict=True) if t == step]
-        rows.append(f"| {step + 1} | {', '.join(names)} |")
+        known = state.history[step].known_images if step < len(state.history) else None
+        more = f" (and {known} more images of classes learned before)" if known else ""
+        rows.append(f"| {step + 1} | {', '.join(names)}{more} |")
     return "\n".join(rows)
 
 

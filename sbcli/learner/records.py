@@ -17,7 +17,8 @@ from typing import Any
 from sbcli.learner.test_sample import DEFAULT_CAP, CarriedSample
 from sbcli.metrics import StepMetrics
 
-STEP_KEYS = ("step", "num_classes", "metrics", "network_metrics", "phases", "record", "seconds", "train_config")
+STEP_KEYS = ("step", "num_classes", "metrics", "network_metrics", "phases", "record", "seconds", "train_config",
+             "known_images")
 
 
 @dataclass(frozen=True)
@@ -26,8 +27,10 @@ class StepRecord:
     where the rule scores with more than it), the phases it ran (each a ``PhaseReport.to_json``), the
     method's own record, how long it took and the engine settings it ran with.
 
-    ``seconds`` and ``train_config`` are None in a learner written before sbcli recorded them; ``extra``
-    holds the keys this sbcli does not know, in their order.
+    ``seconds`` and ``train_config`` are None in a learner written before sbcli recorded them;
+    ``known_images`` is the number of images of classes learned at earlier steps that the step added (None,
+    and not written, where it added none: every learner written before such steps were possible);
+    ``extra`` holds the keys this sbcli does not know, in their order.
     """
 
     step: int
@@ -39,6 +42,7 @@ class StepRecord:
     seconds: float | None = None
     train_config: dict[str, Any] | None = None  # this step's own engine settings, as recorded (TrainConfig's asdict)
     extra: dict[str, Any] = field(default_factory=dict)
+    known_images: int | None = None  # images of already-learned classes the step added (None: none)
 
     @property
     def epochs_trained(self) -> int:
@@ -54,6 +58,8 @@ class StepRecord:
             out["seconds"] = self.seconds
         if self.train_config is not None:
             out["train_config"] = self.train_config
+        if self.known_images is not None:
+            out["known_images"] = self.known_images
         return {**out, **self.extra}
 
     @classmethod
@@ -62,7 +68,8 @@ class StepRecord:
         return cls(step=data["step"], num_classes=data["num_classes"], metrics=StepMetrics.from_json(data["metrics"]),
                    network_metrics=None if network is None else StepMetrics.from_json(network),
                    phases=data.get("phases", []), record=data.get("record", {}), seconds=data.get("seconds"),
-                   train_config=data.get("train_config"), extra=_unknown(data, STEP_KEYS))
+                   train_config=data.get("train_config"), extra=_unknown(data, STEP_KEYS),
+                   known_images=data.get("known_images"))
 
 
 @dataclass(frozen=True)

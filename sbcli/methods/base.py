@@ -145,6 +145,7 @@ class MethodSpec:
     frozen_backbone: bool = False  # never trains the backbone after step 1: may take a timm architecture
     run_defaults: tuple[tuple[str, Any], ...] = ()  # run settings it sets when not given (e.g. no exemplars)
     streams: bool = False  # a step that trains nothing takes TaskContext.features: its images may be streamed
+    known_images: bool = False  # a later step may add images of classes already learned (an exact accumulation)
 
     def balances(self, cfg: Any) -> bool:
         """Whether class-balanced fine-tuning may follow a later step under ``cfg``'s inference rule."""
@@ -157,14 +158,15 @@ METHODS: Registry[MethodSpec] = Registry("method")
 def register_method(name: str, config: type, summary: str, inferences: tuple[str, ...] | None = None,
                     plan: Plan = one_phase, title: str | None = None, hub_tag: str | None = None,
                     first_plan: FirstPlan = first_task_epochs, frozen_backbone: bool = False,
-                    run_defaults: tuple[tuple[str, Any], ...] = (), streams: bool = False) -> Callable:
+                    run_defaults: tuple[tuple[str, Any], ...] = (), streams: bool = False,
+                    known_images: bool = False) -> Callable:
     """Decorator: register ``learn_task`` under ``name`` with its Config dataclass, inference rules and plan
     (and how a model card names it, whether its backbone stays frozen, run settings it defaults)."""
 
     def add(fn: Callable[[TaskContext, Any], TaskResult]) -> Callable[[TaskContext, Any], TaskResult]:
         rules = inferences or getattr(config, "RULES", ("none",))  # a MethodConfig says its rules itself
         METHODS.register(name)(MethodSpec(name, config, fn, summary, rules, plan, title, hub_tag, first_plan,
-                                          frozen_backbone, run_defaults, streams))
+                                          frozen_backbone, run_defaults, streams, known_images))
         return fn
 
     return add

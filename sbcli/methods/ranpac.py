@@ -396,12 +396,14 @@ def _no_training(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
 
 @register_method("ranpac", Config, "a ridge-regression head on randomly projected frozen features (no training, "
                  "no exemplars, exact over steps)", plan=_no_training, first_plan=adapt_epochs,
-                 frozen_backbone=True, run_defaults=(("memory", 0),), streams=True,
+                 frozen_backbone=True, run_defaults=(("memory", 0),), streams=True, known_images=True,
                  title="RanPAC: a ridge head on random projections of a frozen backbone (McDonnell et al., NeurIPS 2023)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     phases = adapt(ctx, cfg)
     start = time.perf_counter()
-    new = ctx.data.labels >= ctx.num_old  # exemplars, if any were asked for, are not seen twice
+    # exemplars, if any were asked for, are not seen twice; a learner without them takes every image of the step,
+    # images of known classes too (`sb add-task` gives such images only to a learner that keeps no exemplars)
+    new = ctx.data.labels >= (ctx.num_old if ctx.memory_budget > 0 else 0)
     features = (ctx.features[new.cpu()] if ctx.features is not None  # streamed (sbcli.data.stream)
                 else ctx.engine.features(ctx.model, ctx.data.images[new])).cpu()
     labels = ctx.data.labels[new].cpu()

@@ -78,28 +78,31 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
                   "train": {**dataclasses.asdict(state.train_config), "epochs": opts.epochs or state.train_config.epochs}}
         before = sum(h.epochs_trained for h in state.history)  # a log's epochs count on from there
         _check(learner, learner_dir, opts, warmup_epochs)  # check (the lock proved the directory writable)
-        folder_classes.check_new_classes(folder, test, state.class_names)  # data: by folder names, before decoding
+        folder_classes.check_new_classes(folder, test, state.class_names, _known_refusal(learner))  # by folder names
         spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=state.image_size,
                             data_root=None, download=False)
         if spec["kind"] != "folder":
             raise DataError(f"{folder} is not a class-per-folder directory; add-task takes one folder per new class.")
         listed = FolderStream.scan(Path(spec["path"]), state.image_size)  # nothing decoded yet
-        trains = _trains(state, len(listed.class_names))
+        trains = _trains(state, len(set(listed.class_names) - set(state.class_names)))
         stream = listed if _streams(learner, trains) else None
         if stream is None:
             preflight.check_memory(DECODED_COPIES * listed.decoded_bytes(), f"the {len(listed):,} new images decoded "
                                    f"at {state.image_size} px")
         opened = open_spec(spec, train=stream is None)
-        new = list(listed.class_names)
+        new = [c for c in listed.class_names if c not in state.class_names]
         names = state.class_names + new
-        train_set = (relabel(opened.train, names, new) if stream is None  # labels in the learner's order
-                     else ImageSet.labels_only(listed.labels + state.num_classes, names))
+        order = torch.tensor([names.index(c) for c in listed.class_names], dtype=torch.long)
+        train_set = (relabel(opened.train, names, list(listed.class_names)) if stream is None  # in the learner's order
+                     else ImageSet.labels_only(order[listed.labels], names))
+        known_images = int((train_set.labels < state.num_classes).sum())
         no_images = ImageSet(torch.zeros(0, 3, state.image_size, state.image_size, dtype=torch.uint8),
                              torch.zeros(0, dtype=torch.long), names)
         new_test = relabel(opened.test, names, new) if opened.test else no_images
-        start = banner.banner(len(new), len(listed), len(opened.test) if opened.test is not None else 0,
+        start = banner.banner(len(new), len(listed) - known_images, len(opened.test) if opened.test is not None else 0,
                               state.image_size, banner.folder_sizes(Path(spec["path"])), f"{state.arch}, width x{state.width:g}",
-                              state.train_config, dev, trains=trains, options=logged, epochs_before=before)
+                              state.train_config, dev, trains=trains, options=logged, epochs_before=before,
+                              known_images=known_images)
         preflight.check_free_space(learner_dir, preflight.save_bytes(state.arch, state.width, state.num_classes + len(new),
                                                                      state.image_size, state.memory.budget))
         old = evalsets.test_data(learner, opts.data_roots) if state.tasks else None
@@ -111,13 +114,29 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
         engine = Engine(state.train_config, dev, learner.norm, state.seed * 1000 + state.steps, watchers)
         features, seen = (None, opened.train) if stream is None else stream_features(stream, engine, learner.model)
         record = TaskRecord(new, remember_source(spec, seen, opened.test, opts.name))
-        step = learn_step(learner, train_set, test_set, new, engine, record, features=features)
+        step = learn_step(learner, train_set, test_set, new, engine, record, features=features,
+                          known_images=known_images)
         evalsets.carry(learner, new_test, list(range(len(names) - len(new), len(names))), opts.test_sample)
         save_from_main(learner, learner_dir, keep)  # save
         notes = ([old.describe()] if old else []) + _published_notes(learner_dir, published, state.steps)
         summary = dataclasses.replace(step, notes=notes, state=state)
         watchers.on_step(summary)
         return summary
+
+
+def _known_refusal(learner: Learner) -> str | None:
+    """None where this learner's step may add images of classes it knows; otherwise why not, in a clause."""
+    spec, state = METHODS.get(learner.state.method), learner.state
+    if not spec.known_images:
+        if not spec.frozen_backbone:
+            return (f"--method {state.method} retrains its backbone at every step, and the images those classes were "
+                    "learned from are gone: trained on new images of them alone, it would pull them away from "
+                    "everything else it knows")
+        return (f"--method {state.method} keeps its classes as means, not as the sums an exact update of a learned "
+                "class needs")
+    if learner.memory.budget > 0:
+        return "a learner that keeps exemplars (--memory) cannot take more images of a known class yet"
+    return None
 
 
 def _streams(learner: Learner, trains: bool) -> bool:

@@ -33,6 +33,7 @@ class RunBanner:
     precision: str = "fp32"  # what the steps train in: bf16 or fp32 (fp32 where nothing trains: features are float32)
     options: dict = field(default_factory=dict)  # the settings the run starts with, as an experiment log records them
     epochs_before: int = 0  # epochs the learner trained before this run (a log's epochs count on from there)
+    known_images: int = 0  # more images of classes the learner knows (sb add-task), besides train_images
 
     def text(self) -> str:
         test = f", {self.test_images} test images" if self.test_images else ", no test images"
@@ -46,7 +47,8 @@ class RunBanner:
                   else "no training (the backbone stays frozen: one pass over the images)")
         # a frozen backbone trains nothing: its one pass computes features in float32 (Engine.features)
         compute = f" in {self.precision}" if self.epochs else ", features in fp32"
-        return (f"Found {self.classes} classes, {self.train_images} training images{test}; "
+        known = (f" and {self.known_images} more images of classes the learner knows" if self.known_images else "")
+        return (f"Found {self.classes} classes, {self.train_images} training images{known}{test}; "
                 f"at {self.image_size}x{self.image_size} pixels{resized}; {self.network}; "
                 f"{epochs}; on {self.device}{compute}.")
 
@@ -80,11 +82,11 @@ def folder_sizes(root: Path, limit: int = PEEK) -> list[str]:
 
 def banner(classes: int, train_images: int, test_images: int, image_size: int, sizes: list[str], network: str,
            train: TrainConfig, device: torch.device, trains: bool = True, options: dict | None = None,
-           epochs_before: int = 0) -> RunBanner:
+           epochs_before: int = 0, known_images: int = 0) -> RunBanner:
     """The banner of a run that trains at ``image_size`` on images that come in ``sizes`` (``trains``: False for a
     method that trains nothing in this run, such as a ridge head or prototypes on a frozen backbone)."""
     square = f"{image_size}x{image_size}"
     return RunBanner(classes, train_images, test_images, image_size, [s for s in sizes if s != square], network,
                      train.epochs if trains else 0, (train.balance_epochs or 0) if trains else 0, str(device),
                      "bf16" if trains and uses_bf16(train.precision, device) else "fp32", dict(options or {}),
-                     epochs_before)
+                     epochs_before, known_images)

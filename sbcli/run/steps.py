@@ -43,13 +43,14 @@ class StepSummary:
 
 def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: list[str], engine: Engine,
                task_record: TaskRecord, seen_train: Callable[[], ImageSet] | None = None,
-               features: torch.Tensor | None = None) -> StepSummary:
+               features: torch.Tensor | None = None, known_images: int = 0) -> StepSummary:
     """Learn one task of ``new_classes`` (``train`` labels already in the learner's order).
 
     ``seen_train``, when the caller has them, returns the training images of every class seen so
     far including the new ones (for the joint oracle). ``features``: the pooled features of ``train``'s
     images, computed while they were streamed (``train`` then holds their labels alone,
     :meth:`ImageSet.labels_only`), for a method that streams and a learner that keeps no exemplars.
+    ``known_images``: how many of ``train``'s images are of classes learned before (recorded with the step).
     """
     start = time.perf_counter()
     state, step = learner.state, learner.state.steps
@@ -85,7 +86,8 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     state.tasks.append(task_record)
     state.history.append(StepRecord(step + 1, state.num_classes, metrics, network, [p.to_json() for p in result.phases],
                                     result.record, round(seconds, 2),
-                                    dataclasses.asdict(state.train_config)))  # this step's own settings
+                                    dataclasses.asdict(state.train_config),  # this step's own settings
+                                    known_images=known_images or None))
     return StepSummary(step + 1, state.num_classes, metrics, seconds)
 
 

@@ -141,7 +141,7 @@ def _state_fields() -> dict[str, Check]:
         "tasks": list_of(object_of({"classes": list_of(string(max_len=1000), MAX_CLASSES, 1), "source": _source},
                                ("classes", "source")), MAX_CLASSES),
         "history": list_of(object_of({"step": whole(1, MAX_CLASSES), "num_classes": whole(0, MAX_CLASSES), "metrics": metrics,
-                                      "network_metrics": metrics}, ("step", "num_classes", "metrics")), MAX_CLASSES),
+                                      "network_metrics": metrics, "known_images": whole(1, 1 << 40)}, ("step", "num_classes", "metrics")), MAX_CLASSES),
         "plan": optional(object_of({"source": _source, "scenario": object_of({
             "order": list_of(whole(0, MAX_CLASSES), MAX_CLASSES), "sizes": list_of(whole(1, MAX_CLASSES), MAX_CLASSES)},
             ("order", "sizes"))}, ("source", "scenario"))),
