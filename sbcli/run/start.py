@@ -89,13 +89,8 @@ def pull_backbone(entry: ZooEntry, index: ZooIndex, revision: str | None, target
                               pretrained_sha256=entry.files[BACKBONE_FILE])
     check_run(run)  # the recipe's settings, before any download
     weights = load_weights(run, hub_cfg)  # fetched and checked against the entry's SHA-256 before anything is written
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with staging(target, "pull") as tmp:  # a SIGKILLed pull's folder is removed by the next pull beside it
-        learner = start_learner(run, tmp, image_size=seq.image_size, weights=weights)
-        move_into_place(tmp, target)
+    learner, notes = _install(entry, run, seq.image_size, weights, target)
     record = learner.state.provenance.pretrained or {}
-    notes = [f"this learner has no classes yet: `sb add-task {target} FOLDER --test FOLDER` learns the first ones "
-             f"({entry.method} + {entry.inference} on the frozen {entry.network} at {learner.state.image_size} px)"]
     return PullReport(target, f"zoo entry {entry.name} ({entry.target}@{entry.revision})", entry.revision,
                       record.get("commit"), [BACKBONE_FILE], [BACKBONE_FILE], weights.from_cache, notes, contents(learner))
 
@@ -111,12 +106,20 @@ def _pull_package_backbone(entry: ZooEntry, index: ZooIndex, revision: str | Non
     run = dataclasses.replace(run, pretrained=entry.target, pretrained_sha256=digest)
     check_run(run)
     weights = load_weights(run)  # checked against the entry's SHA-256 before the file is read
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with staging(target, "pull") as tmp:  # a SIGKILLed pull's folder is removed by the next pull beside it
-        learner = start_learner(run, tmp, image_size=seq.image_size, weights=weights)
-        move_into_place(tmp, target)
+    learner, notes = _install(entry, run, seq.image_size, weights, target)
     record = learner.state.provenance.pretrained or {}
-    notes = [f"this learner has no classes yet: `sb add-task {target} FOLDER --test FOLDER` learns the first ones "
-             f"({entry.method} + {entry.inference} on the frozen {entry.network} at {learner.state.image_size} px)"]
     return PullReport(target, f"zoo entry {entry.name} ({record.get('package')} {record.get('version')})", None,
                       None, [file_name], [file_name], False, notes, contents(learner))
+
+
+def _install(entry: ZooEntry, run: RunOptions, image_size: int | None, weights: PretrainedWeights,
+             target: Path) -> tuple[Learner, list[str]]:
+    """The learner with no classes built in a staging folder beside ``target`` and moved into place in one
+    rename (a SIGKILLed pull's folder is removed by the next pull beside it); the note that says what next."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with staging(target, "pull") as tmp:
+        learner = start_learner(run, tmp, image_size=image_size, weights=weights)
+        move_into_place(tmp, target)
+    notes = [f"this learner has no classes yet: `sb add-task {target} FOLDER --test FOLDER` learns the first ones "
+             f"({entry.method} + {entry.inference} on the frozen {entry.network} at {learner.state.image_size} px)"]
+    return learner, notes
