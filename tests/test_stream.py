@@ -16,7 +16,7 @@ import torch
 
 from sbcli import api
 from sbcli.data import sources, stream
-from sbcli.data.fingerprint import fingerprint
+from sbcli.data.fingerprint import RunningFingerprint, fingerprint
 from sbcli.engine.loop import TrainConfig
 from sbcli.errors import LearnerError
 from sbcli.learner import preflight
@@ -40,7 +40,7 @@ def ridge_learner(color_data, one_task_learner, tmp_path_factory) -> Path:
 
 def test_the_fingerprint_of_a_stream_is_the_decoded_sets(color_data):
     listed = stream.FolderStream.scan(color_data["task2_train"], 16)
-    running = stream.StreamFingerprint(listed.class_names, listed.labels)
+    running = RunningFingerprint(listed.class_names, listed.labels)
     for _first, images in listed.batches(5):
         running.update(images)
     decoded = sources.load_folder(color_data["task2_train"], 16, cache=None).data

@@ -41,13 +41,28 @@ class Fingerprint:
         return sum(self.counts)
 
 
+class RunningFingerprint:
+    """:func:`fingerprint` of a set whose pixels come batch by batch, in order (a streamed folder)."""
+
+    def __init__(self, class_names: list[str], labels: torch.Tensor) -> None:
+        self.class_names = list(class_names)
+        self.labels = labels.to(torch.int64).contiguous().cpu()
+        self.digest = hashlib.sha256()
+        # a name that is not UTF-8 (surrogateescape, as os.listdir gives it) hashes as its bytes on disk
+        self.digest.update(name_bytes(json.dumps(self.class_names, ensure_ascii=False)))
+        self.digest.update(self.labels.numpy().tobytes())
+
+    def update(self, images: torch.Tensor) -> None:
+        self.digest.update(memoryview(images.contiguous().cpu().numpy()).cast("B"))
+
+    def result(self) -> Fingerprint:
+        n = len(self.class_names)
+        counts = torch.bincount(self.labels, minlength=n).tolist() if len(self.labels) else [0] * n
+        return Fingerprint(list(self.class_names), [int(c) for c in counts], self.digest.hexdigest())
+
+
 def fingerprint(images: ImageSet) -> Fingerprint:
     """The fingerprint of a decoded set (about 0.3 s per 150 MB of pixels on one core)."""
-    labels = images.labels.to(torch.int64).contiguous().cpu()
-    counts = torch.bincount(labels, minlength=len(images.class_names)).tolist() if len(labels) else [0] * len(images.class_names)
-    digest = hashlib.sha256()
-    # a name that is not UTF-8 (surrogateescape, as os.listdir gives it) hashes as its bytes on disk
-    digest.update(name_bytes(json.dumps(images.class_names, ensure_ascii=False)))
-    digest.update(labels.numpy().tobytes())
-    digest.update(memoryview(images.images.contiguous().cpu().numpy()).cast("B"))
-    return Fingerprint(list(images.class_names), [int(c) for c in counts], digest.hexdigest())
+    running = RunningFingerprint(images.class_names, images.labels)
+    running.update(images.images)
+    return running.result()

@@ -4,14 +4,13 @@ A frozen backbone needs each new image once, for its pooled feature. :class:`Fol
 images (the same listing and checks as :func:`sbcli.data.sources.load_folder`) and gives them back in
 batches of decoded uint8 pixels, the next batch decoded on a thread pool while the caller passes the
 current one through the backbone; the fingerprint of the whole set is computed batch by batch and is
-the one :func:`sbcli.data.fingerprint.fingerprint` gives for the decoded set. Nothing is kept but the
+the one :func:`sbcli.data.fingerprint.fingerprint` gives for the decoded set
+(:class:`sbcli.data.fingerprint.RunningFingerprint`). Nothing is kept but the
 labels: the caller keeps what it makes of each batch (features, sums).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,8 +19,6 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from sbcli.data.fingerprint import Fingerprint
-from sbcli.data.names import name_bytes
 from sbcli.data.sources.decode import _worker_count, decode_many
 from sbcli.data.sources.folder import _read_path, _scan_folder
 from sbcli.errors import ConfigError
@@ -89,25 +86,6 @@ class FolderStream:
 
     def _decode(self, keys: list[str]) -> torch.Tensor:
         return torch.from_numpy(decode_many(keys, _read_path, str, self.image_size, doing=f"Decoding images in {self.root}"))
-
-
-class StreamFingerprint:
-    """:func:`sbcli.data.fingerprint.fingerprint` of a set given batch by batch, in order."""
-
-    def __init__(self, class_names: list[str], labels: torch.Tensor) -> None:
-        self.class_names = list(class_names)
-        self.labels = labels.to(torch.int64).contiguous().cpu()
-        self.digest = hashlib.sha256()
-        self.digest.update(name_bytes(json.dumps(self.class_names, ensure_ascii=False)))
-        self.digest.update(self.labels.numpy().tobytes())
-
-    def update(self, images: torch.Tensor) -> None:
-        self.digest.update(memoryview(images.contiguous().cpu().numpy()).cast("B"))
-
-    def result(self) -> Fingerprint:
-        n = len(self.class_names)
-        counts = torch.bincount(self.labels, minlength=n).tolist() if len(self.labels) else [0] * n
-        return Fingerprint(list(self.class_names), [int(c) for c in counts], self.digest.hexdigest())
 
 
 def decode_threads() -> int:

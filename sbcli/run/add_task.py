@@ -21,10 +21,10 @@ import torch
 
 from sbcli.data import folder_classes, progress
 from sbcli.data.catalog import open_spec, relabel, resolve_spec
-from sbcli.data.fingerprint import Fingerprint
+from sbcli.data.fingerprint import Fingerprint, RunningFingerprint
 from sbcli.data.imageset import ImageSet
 from sbcli.data.records import check_dataset_name, remember_source
-from sbcli.data.stream import FolderStream, StreamFingerprint
+from sbcli.data.stream import FolderStream
 from sbcli.engine import distributed
 from sbcli.engine.device import resolve_device
 from sbcli.engine.loop import Engine
@@ -151,7 +151,7 @@ def _streams(learner: Learner, trains: bool) -> bool:
 def stream_features(stream: FolderStream, engine: Engine, model: torch.nn.Module) -> tuple[torch.Tensor, Fingerprint]:
     """The pooled features [N, D] of every image of ``stream`` and the set's fingerprint, a batch at a time:
     what is held at once is one decoded batch and the one decoded ahead of it, never the set."""
-    fingerprint = StreamFingerprint(stream.class_names, stream.labels)
+    fingerprint = RunningFingerprint(stream.class_names, stream.labels)
     features: list[torch.Tensor] = []
     passed = progress.Counter(f"Decoding and passing the images in {stream.root} through the backbone", "images",
                               len(stream))
