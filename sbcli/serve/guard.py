@@ -22,6 +22,10 @@ or httptools where installed) with two checks added:
   burst of connections still runs the process out of descriptors, and asyncio stops accepting
   for a second with a traceback in the log).
 
+A refused connection (503, 408) is answered, its write side shut, and what the client still sends
+read and dropped until it closes (bounded in bytes and time) before the close: a socket closed with
+unread bytes sends a TCP reset, which can overtake the answer and discard it at the client.
+
 The app hands the settings to the protocol through the lifespan state (:data:`STATE_KEY`), the
 ASGI way for an app to share its startup state with the server; without them the protocol is
 uvicorn's, unchanged.
@@ -44,6 +48,14 @@ DEFAULT_MAX_CONNECTIONS = 512
 RESERVED_FILES = 64  # descriptors kept for what is not a connection: the model, logs, onnxruntime, the listening socket
 MIN_BACKLOG, MAX_BACKLOG = 16, 2048  # uvicorn's default backlog is 2048
 BURSTS = 2  # accept bursts that may come before the first burst's connections are counted (asyncio's call_soon chain)
+# After a refusal, what the client sent is read and dropped before the close: closing a socket with unread bytes
+# sends a TCP reset, which may reach the client before the answer and discard it. Bounded, so a client that keeps
+# sending cannot hold the descriptor: a request head is a few hundred bytes, and a client that read the answer closes.
+# At most DRAIN_MAX connections drain at once (past it one is closed at once), so that a burst of refusals holds
+# no more descriptors than one more accept backlog.
+DRAIN_BYTES = 64 * 1024
+DRAIN_S = 2.0
+DRAIN_MAX = MIN_BACKLOG
 
 
 @dataclass(frozen=True)
@@ -112,6 +124,7 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
     _timer: asyncio.TimerHandle | None = None
     _partial = False  # bytes of a request came since the deadline was set
     _idle_since = 0.0  # when the connection last became idle (opened, or answered)
+    _draining: int | None = None  # refused: the bytes still read and dropped before the close (None: not refused)
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)
@@ -144,11 +157,23 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
 
     def idle(self) -> bool:
         """Serving no request (none begun, or the last one answered) and still open."""
-        return not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete)
+        return (self._draining is None and not self.transport.is_closing()
+                and (self.cycle is None or self.cycle.response_complete))
 
     def data_received(self, data: bytes) -> None:
+        if self._draining is not None:  # refused and answered: what still comes is dropped, never parsed
+            self._draining -= len(data)
+            if self._draining <= 0:
+                self.transport.close()
+            return
         self._partial = True
         super().data_received(data)
+
+    def eof_received(self) -> bool | None:
+        if self._draining is not None:
+            self.transport.close()  # the client read the answer and closed: nothing is left unread
+            return None
+        return super().eof_received()
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
@@ -183,8 +208,18 @@ class GuardedProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
             self.transport.close()
 
     def _close(self, status: int, sentence: str) -> None:
+        """Answer ``status`` and close so that the answer reaches the client: the write side is shut first, then
+        what the client sends is dropped (:data:`DRAIN_BYTES`, :data:`DRAIN_S` at most) until it closes too."""
         self.transport.write(raw_answer(status, sentence))
-        self.transport.close()
+        draining = sum(1 for c in self.connections if getattr(c, "_draining", None) is not None)
+        if draining >= DRAIN_MAX or not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()
+        self._draining = DRAIN_BYTES
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(DRAIN_S, self.transport.close)
 
 
 def _address(protocol: Any) -> str | None:
