@@ -5,14 +5,16 @@ On one learner's backbone, one batch size and one thread count, each stage's ima
 - ``decode``: decoding the folder's images in batches (:class:`sbcli.data.stream.FolderStream`, its
   thread pool), nothing else;
 - ``add_task_pass``: what `sb add-task` of a frozen backbone runs (``stream_features``: decode ahead,
-  the engine's float32 forward, the fingerprint);
+  the engine's frozen pass, on onnxruntime where it agrees with float32; the fingerprint);
+- ``add_task_pass_torch``: the same with ``SBCLI_FEATURE_ENGINE=torch`` (the engine's PyTorch float32 forward);
 - ``engine_forward``: the engine's feature pass on images already decoded;
 - ``torch_loop``: a bare ``torch.inference_mode`` loop of ``forward_features`` on normalised batches
   (channels-last, as the engine feeds it), in float32, and in bfloat16 autocast with the largest
   difference of its features from float32's;
 - ``onnxruntime``: the backbone exported to ONNX (``forward_features``) on onnxruntime's CPU provider.
 
-Then each pass's ratio to the fastest float32 one. Rounds alternate the passes, so that a loaded
+Then each pass's ratio to the fastest float32 one, and what the onnxruntime pass costs before its first
+batch (``prepare_s``): the export and its check with an empty cache, then the check alone on a cache hit. Rounds alternate the passes, so that a loaded
 machine slows them alike; the median of ``--rounds`` is printed.
 
     python benchmarks/feature_pass_speed.py LEARNER FOLDER --threads 2 --batch 64
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -33,6 +36,7 @@ import torch
 
 from sbcli.data.device import normalize
 from sbcli.data.stream import FolderStream, decode_threads
+from sbcli.engine import onnx_features
 from sbcli.engine.loop import Engine
 from sbcli.learner.state import Learner
 from sbcli.run.add_task import stream_features
@@ -67,12 +71,23 @@ def main() -> None:
     model, size = learner.model.eval(), learner.state.image_size
     cfg = dataclasses.replace(learner.state.train_config, threads=args.threads, eval_batch_size=args.batch)
     engine = Engine(cfg, torch.device("cpu"), learner.norm, 0)
+    torch_engine = Engine(cfg, torch.device("cpu"), learner.norm, 0)
     stream = FolderStream.scan(args.folder, size)
     stream.files, stream.labels = stream.files[: args.images], stream.labels[: args.images]
     n = len(stream)
     decoded = torch.cat([images for _, images in stream.batches(args.batch)])
     batches = [normalize(decoded[i:i + args.batch], learner.norm, True) for i in range(0, n, args.batch)]
     with tempfile.TemporaryDirectory() as tmp:
+        prepare_s = {}
+        for case in ("export_and_check", "cached_check"):
+            start = time.perf_counter()
+            onnx_features.prepare(model, decoded[: args.batch], lambda x: engine.features(model, x),
+                                  device=torch.device("cpu"), sharded=False, norm=learner.norm,
+                                  threads=args.threads, batch=args.batch, cache=Path(tmp) / "cache")
+            prepare_s[case] = round(time.perf_counter() - start, 3)
+        os.environ[onnx_features.ENV] = "torch"
+        torch_engine.frozen_features(model, decoded[:1])  # this engine's pass is PyTorch's from here on
+        os.environ.pop(onnx_features.ENV)
         onnx_path = Path(tmp) / "backbone.onnx"
         torch.onnx.export(Features(model), (batches[0],), str(onnx_path), input_names=["x"], output_names=["f"],
                           dynamic_axes={"x": {0: "n"}, "f": {0: "n"}}, dynamo=False)
@@ -97,9 +112,11 @@ def main() -> None:
         ort_out = np.concatenate([session.run(None, {"x": b})[0] for b in plain])
         ort_diff = float(np.abs(ort_out - reference.numpy()).max() / reference.abs().max())
         engine_diff = float((engine.features(model, decoded) - reference).abs().max() / reference.abs().max())
+        pass_diff = float((stream_features(stream, engine, model)[0] - reference).abs().max() / reference.abs().max())
         passes = {
             "decode": lambda: [None for _ in stream.batches(args.batch)],
             "add_task_pass": lambda: stream_features(stream, engine, model),
+            "add_task_pass_torch": lambda: stream_features(stream, torch_engine, model),
             "engine_forward": lambda: engine.features(model, decoded),
             "torch_loop": lambda: torch_loop(),
             "torch_loop_bf16": lambda: torch_loop(True),
@@ -110,14 +127,16 @@ def main() -> None:
             for name, fn in passes.items():
                 seconds[name].append(timed(fn))
     rate = {k: n / statistics.median(v) for k, v in seconds.items()}
-    fastest = max(rate[k] for k in ("engine_forward", "torch_loop", "onnxruntime"))
+    fastest = max(rate[k] for k in ("engine_forward", "torch_loop", "onnxruntime", "add_task_pass"))
     print(json.dumps({
         "images": n, "image_size": size, "arch": learner.state.arch, "width": learner.state.width,
         "batch": args.batch, "threads": args.threads, "decode_threads": decode_threads(),
         "images_per_s": {k: round(v, 1) for k, v in rate.items()},
         "ratio_to_fastest_fp32_forward": {k: round(rate[k] / fastest, 3) for k in rate},
         "max_relative_difference_from_fp32": {"bf16": round(bf16_diff, 5), "onnxruntime": round(ort_diff, 7),
-                                              "engine": round(engine_diff, 7)},
+                                              "engine": round(engine_diff, 7),
+                                              "add_task_pass": round(pass_diff, 7)},
+        "prepare_s": prepare_s,
     }), flush=True)
 
 

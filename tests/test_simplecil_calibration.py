@@ -153,7 +153,7 @@ def test_a_learner_without_the_scale_scores_the_plain_cosines_with_the_same_accu
 
 def test_flipped_terms_belong_to_the_new_classes_only():
     class Engine:  # the features of an "image" are its pixels, flattened
-        def features(self, model, images):
+        def frozen_features(self, model, images):
             return images.flatten(1).float()
 
     images = torch.tensor([[[[1.0, 2.0]]], [[[3.0, 1.0]]], [[[0.0, 1.0]]]])  # [3, 1, 1, 2]

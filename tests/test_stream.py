@@ -58,16 +58,16 @@ def test_a_streamed_add_task_learns_what_a_decoded_one_learns_holding_two_batche
     rows: list[int] = []
     real_decode, real_load = stream.FolderStream._decode, sources.load_folder
 
-    def counted(self, keys):
+    def counted(self, keys, each):
         rows.append(len(keys))
-        return real_decode(self, keys)
+        return real_decode(self, keys, each)
 
     def never_the_train_folder(root, *args, **kwargs):
         assert Path(root) != Path(color_data["task2_train"]), "the training folder was decoded whole"
         return real_load(root, *args, **kwargs)
 
     monkeypatch.setattr(stream, "BATCH", 4)
-    monkeypatch.setattr(stream.FolderStream.batches, "__defaults__", (4,))
+    monkeypatch.setattr(stream.FolderStream.batches, "__defaults__", (4, None))
     monkeypatch.setattr(stream.FolderStream, "_decode", counted)
     monkeypatch.setattr(sources, "load_folder", never_the_train_folder)
     api.add_task(streamed, color_data["task2_train"], color_data["task2_test"], device="cpu")

@@ -11,7 +11,7 @@ labels: the caller keeps what it makes of each batch (features, sums).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,8 +67,12 @@ class FolderStream:
         """What the whole set takes decoded (uint8 pixels): what a method that holds it needs at least."""
         return len(self.files) * 3 * self.image_size * self.image_size
 
-    def batches(self, size: int = BATCH) -> Iterator[tuple[int, torch.Tensor]]:
+    def batches(self, size: int = BATCH, each: Callable[[torch.Tensor], None] | None = None
+                ) -> Iterator[tuple[int, torch.Tensor]]:
         """``(first row, uint8 [B, 3, S, S])`` for consecutive batches, the next one decoded meanwhile.
+
+        ``each`` is called with every batch, in order, on the decoding thread once it is decoded (what a running
+        fingerprint reads): it overlaps the caller's work on the batch before.
 
         Raises:
             DataError: an image cannot be read or decoded (the message names it).
@@ -79,13 +83,18 @@ class FolderStream:
             pending: Future | None = None
             for n, (lo, hi) in enumerate(spans):
                 if pending is None:
-                    pending = ahead.submit(self._decode, keys[lo:hi])
+                    pending = ahead.submit(self._decode, keys[lo:hi], each)
                 current = pending.result()
-                pending = ahead.submit(self._decode, keys[spans[n + 1][0]:spans[n + 1][1]]) if n + 1 < len(spans) else None
+                if n + 1 < len(spans):
+                    pending = ahead.submit(self._decode, keys[spans[n + 1][0]:spans[n + 1][1]], each)
                 yield lo, current
 
-    def _decode(self, keys: list[str]) -> torch.Tensor:
-        return torch.from_numpy(decode_many(keys, _read_path, str, self.image_size, doing=f"Decoding images in {self.root}"))
+    def _decode(self, keys: list[str], each: Callable[[torch.Tensor], None] | None) -> torch.Tensor:
+        images = torch.from_numpy(decode_many(keys, _read_path, str, self.image_size,
+                                              doing=f"Decoding images in {self.root}"))
+        if each is not None:
+            each(images)
+        return images
 
 
 def decode_threads() -> int:

@@ -30,7 +30,7 @@ from torch import nn
 
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.defaults import base
-from sbcli.engine import distributed, graphs, schedule
+from sbcli.engine import distributed, graphs, onnx_features, schedule
 from sbcli.engine.device import (
     PRECISIONS,
     compute_threads,
@@ -189,6 +189,8 @@ class Engine:
         self.channels_last = True
         self.autocast = uses_bf16(cfg.precision, device)
         self.precision = "bf16" if self.autocast else "fp32"  # as run, for the progress lines and the record
+        # a frozen backbone's onnxruntime pass by backbone and input size, shared by this run's steps (for_step)
+        self.frozen_passes: dict[str, onnx_features.FeaturePass | None] = {}
 
     def for_step(self, task: int, validator: Validator | None = None) -> Engine:
         """This engine for the phases of one step: task number ``task`` (its learning rate) and, with
@@ -325,6 +327,27 @@ class Engine:
     def features(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
         """Pooled features (float32, on the CPU) of uint8 images, in large eval batches."""
         return self.features_or_logits(model, images, features=True)
+
+    @torch.no_grad()
+    def frozen_features(self, model: nn.Module, images: torch.Tensor) -> torch.Tensor:
+        """Pooled features (float32, CPU) under a backbone that never changes (``--method ranpac``, ``simplecil``):
+        on onnxruntime where its export agrees with :meth:`features` (checked on the first images, then kept for
+        the run and in sbcli's cache: :mod:`sbcli.engine.onnx_features`), else :meth:`features` itself."""
+        if len(images) == 0:
+            return self.features(model, images)
+        key = f"{onnx_features.backbone_fingerprint(model)}-{images.shape[-1]}"
+        if key not in self.frozen_passes:
+            with compute_threads(self.cfg.threads):
+                threads = torch.get_num_threads()
+            self.frozen_passes[key] = onnx_features.prepare(
+                model, images, lambda x: self.features(model, x), device=self.device, sharded=self.dist.enabled,
+                norm=self.norm, threads=threads, batch=self.cfg.eval_batch_size)
+        feature_pass = self.frozen_passes[key]
+        return self.features(model, images) if feature_pass is None else feature_pass(images)
+
+    def feature_runtime(self) -> str:
+        """The runtime :meth:`frozen_features` takes here unless its check fails: what its results are keyed by."""
+        return onnx_features.planned(self.device, self.dist.enabled)
 
     @torch.no_grad()
     def features_or_logits(self, model: nn.Module, images: torch.Tensor, features: bool) -> torch.Tensor:

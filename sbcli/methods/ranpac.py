@@ -405,7 +405,7 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     # images of known classes too (`sb add-task` gives such images only to a learner that keeps no exemplars)
     new = ctx.data.labels >= (ctx.num_old if ctx.memory_budget > 0 else 0)
     features = (ctx.features[new.cpu()] if ctx.features is not None  # streamed (sbcli.data.stream)
-                else ctx.engine.features(ctx.model, ctx.data.images[new])).cpu()
+                else ctx.engine.frozen_features(ctx.model, ctx.data.images[new])).cpu()
     labels = ctx.data.labels[new].cpu()
     state = (RidgeState.start(features.shape[1], cfg, ctx.seed) if ctx.num_old == 0
              else RidgeState.stored(ctx.extra, ctx.num_old))

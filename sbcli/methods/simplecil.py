@@ -90,11 +90,11 @@ def step_features(engine: Engine, model: torch.nn.Module, images: torch.Tensor, 
     ``classes`` only, the normalised terms [N_new, D] their prototypes average (flips included)."""
     from torch.nn import functional as F
 
-    feats = F.normalize(engine.features(model, images), dim=1)
+    feats = F.normalize(engine.frozen_features(model, images), dim=1)
     new = ((labels >= classes.start) & (labels < classes.stop)).cpu()
     terms = feats[new]
     if flips:
-        flipped = F.normalize(engine.features(model, images[new.to(images.device)].flip(-1)), dim=1)
+        flipped = F.normalize(engine.frozen_features(model, images[new.to(images.device)].flip(-1)), dim=1)
         terms = F.normalize(terms + flipped, dim=1)
     return feats, terms
 

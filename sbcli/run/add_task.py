@@ -155,9 +155,8 @@ def stream_features(stream: FolderStream, engine: Engine, model: torch.nn.Module
     features: list[torch.Tensor] = []
     passed = progress.Counter(f"Decoding and passing the images in {stream.root} through the backbone", "images",
                               len(stream))
-    for _first, images in stream.batches():
-        fingerprint.update(images)
-        features.append(engine.features(model, images))
+    for _first, images in stream.batches(each=fingerprint.update):  # fingerprinted on the decoding thread
+        features.append(engine.frozen_features(model, images))
         passed.add(len(images))
     passed.done()
     return torch.cat(features), fingerprint.result()

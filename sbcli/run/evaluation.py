@@ -51,9 +51,9 @@ def feature_cache_for(method: str) -> FeatureCache | None:
 @torch.no_grad()
 def _scores_from_features(module: FeatureScores, engine: Engine, test: ImageSet, cache: FeatureCache) -> torch.Tensor:
     """The rule's scores of ``test`` from pooled features, cached per class (:mod:`sbcli.engine.feature_cache`)."""
-    context = {"norm": engine.norm.to_json(), "device": engine.device.type}
+    context = {"norm": engine.norm.to_json(), "device": engine.device.type, "runtime": engine.feature_runtime()}
     features = cache.features(module.model, test.images, test.labels, context,
-                              lambda images: engine.features(module.model, images))
+                              lambda images: engine.frozen_features(module.model, images))
     with exact_float32(engine.device):
         return torch.cat([module.score_features(part.to(engine.device)).float().cpu()
                           for part in features.split(engine.cfg.eval_batch_size)])
