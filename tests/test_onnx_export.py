@@ -281,3 +281,30 @@ def test_written_files_follow_the_umask(exported, tmp_path: Path, monkeypatch: p
         os.umask(old)
     assert stat.S_IMODE(report.path.stat().st_mode) == file_mode
     assert stat.S_IMODE((tmp_path / "sub").stat().st_mode) == 0o777 & ~umask
+
+
+def test_a_traced_export_falls_back_to_torch_export_where_tracing_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`sb serve LEARNER` asks for the TorchScript exporter (seconds sooner); where it fails, torch.export's graph."""
+    import torch
+
+    class Tiny(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.linear = torch.nn.Linear(3 * 4 * 4, 2)
+
+        def forward(self, images: torch.Tensor) -> torch.Tensor:
+            return self.linear(images.flatten(1))
+
+    model, real = Tiny().eval(), torch.onnx.export
+
+    def no_tracing(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        if kwargs.get("dynamo") is False:
+            raise RuntimeError("no TorchScript exporter here")
+        return real(*args, **kwargs)
+
+    traced = onnx_export.export_proto(model, 4, onnx_export.OnnxConfig(traced=True))
+    assert [i.name for i in traced.graph.input] == [onnx_export.INPUT_NAME]
+    monkeypatch.setattr(torch.onnx, "export", no_tracing)
+    fallback = onnx_export.export_proto(model, 4, onnx_export.OnnxConfig(traced=True))
+    assert [i.name for i in fallback.graph.input] == [onnx_export.INPUT_NAME]
+    assert [o.name for o in fallback.graph.output] == [onnx_export.OUTPUT_NAME]

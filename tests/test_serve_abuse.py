@@ -122,6 +122,17 @@ def health_on_a_new_connection(port: int) -> tuple[int, dict]:
     return status, res
 
 
+def closed_answer(sock: socket.socket) -> tuple[int, dict] | None:
+    """The answer on a connection the server closed to make room: (status, body), or None where the server closed it
+    before it had read the half-sent head (on a loaded machine the new connection can be handled first): then it
+    was idle as far as the server knew, closed without an answer, and the unread bytes made the close a reset."""
+    try:
+        status, res, _ = answer(sock)
+    except (ConnectionResetError, http.client.RemoteDisconnected):
+        return None
+    return status, res
+
+
 def test_idle_and_half_open_connections_make_room_for_a_new_client(model: Path) -> None:
     """Before: connections past the limit were refused while idle or half-sent ones held every place (512 of them kept
     every other client at 503 for up to the request timeout). Now the one idle longest is closed to make room."""
@@ -134,14 +145,14 @@ def test_idle_and_half_open_connections_make_room_for_a_new_client(model: Path) 
         with connect(port) as newcomer:  # gets in at once, long before any timeout: the longest idle makes room
             newcomer.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             assert answer(newcomer)[0] == 200
-            status, res, _ = answer(held[0])  # the half-sent one is closed, and told why
-            assert status == 503 and "to make room" in res["error"], res
+            told = closed_answer(held[0])  # the half-sent one is closed, and told why when its head was read
+            assert told is None or (told[0] == 503 and "to make room" in told[1]["error"]), told
             idle = connect(port)  # nothing sent: closed without an answer when the next one needs its place
             for _ in range(2):
                 status, res = health_on_a_new_connection(port)
                 assert status == 200 and res["status"] == "ok", res
-            status, res, _ = answer(held[1])
-            assert status == 503 and "to make room" in res["error"], res
+            told = closed_answer(held[1])
+            assert told is None or (told[0] == 503 and "to make room" in told[1]["error"]), told
         for sock in (*held, idle):
             sock.close()
 

@@ -124,3 +124,29 @@ def test_a_learner_is_ready_after_its_current_step_and_exports_the_others_on_dem
         index = wait_until(lambda: listed(url), "the versions were never listed", every_s=0.1)
         assert [(e["version"], e["state"]) for e in index] == [("1", "READY"), ("2", "READY")]
         assert call(f"{url}/v2/models/grown/versions/1/infer", body, "application/json")[0] == 200
+
+
+def test_a_debug_start_says_where_its_time_goes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                 caplog: pytest.LogCaptureFixture) -> None:
+    """SBCLI_DEBUG=1: the export for serving reports, from its child interpreter, when torch was loaded, the learner
+    read, the step traced and checked; and the parent how long the child took (a cache hit: no child at all)."""
+    import logging
+
+    from sbcli.export import serving
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv(cache.CACHE_ENV, raising=False)
+    monkeypatch.setenv(serving.DEBUG_ENV, "1")
+    learner = tmp_path / "one"
+    make_learner("std", tasks=(3,)).save(learner)
+    with caplog.at_level(logging.DEBUG, logger="sbcli"):
+        exported = serving.learner_onnx(learner)
+    lines = [r.getMessage() for r in caplog.records]
+    for said in ("torch loaded", "Read the learner", "Traced step 1 to ONNX", "Checked it against PyTorch",
+                 "The child interpreter (learner) answered in"):
+        assert any(said in line for line in lines), (said, lines)
+    assert exported.is_file()
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger="sbcli"):
+        assert serving.learner_onnx(learner) == exported
+    assert [r.getMessage() for r in caplog.records] == [f"The current step of {learner} is in the serve cache: {exported.name}"]

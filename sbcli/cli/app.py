@@ -75,6 +75,7 @@ def _log_to_stderr() -> None:
     import logging
     import sys
 
+    from sbcli.cli._errors import debugging
     from sbcli.cli.render import ERR
 
     if ERR.is_terminal:
@@ -87,6 +88,9 @@ def _log_to_stderr() -> None:
     logger = logging.getLogger("sbcli")
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    if debugging():  # SBCLI_DEBUG=1: sbcli's debug lines too, each stamped with the milliseconds since the start
+        handler.setFormatter(logging.Formatter("+%(relativeCreated).0f ms %(levelname)s %(message)s"))
+        logger.setLevel(logging.DEBUG)
 
 
 def main() -> None:

@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +36,8 @@ from sbcli.serve import preprocess
 from sbcli.serve.cache import cache_dir, entry_name
 
 EXPORTER = "sbcli.export.serving"
+DEBUG_ENV = "SBCLI_DEBUG"  # set: the child's own timings (torch loaded, learner read, traced, checked) reach the log
+logger = logging.getLogger("sbcli.export.serving")  # by name: the child runs it as __main__
 
 
 @dataclass
@@ -83,7 +88,10 @@ def learner_onnx(learner_dir: Path) -> Path:
     """The learner exported to the serve cache (reused while learner.json is unchanged): found in this process when
     the cache holds it (a warm start starts no interpreter), else exported by a child interpreter."""
     cached = _learner_cache_path(learner_dir)
-    return cached if cached.is_file() else Path(_in_child("learner", str(learner_dir)))
+    if cached.is_file():
+        logger.debug("The current step of %s is in the serve cache: %s", learner_dir, cached.name)
+        return cached
+    return Path(_in_child("learner", str(learner_dir)))
 
 
 def kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
@@ -92,6 +100,8 @@ def kept_steps(learner_dir: Path) -> dict[int, dict[str, str]]:
     interpreter: listing them imports torch), else listed by a child interpreter."""
     cached = _steps_cache_path(learner_dir)
     listed = json.loads(cached.read_text()) if cached.is_file() else _in_child("steps", str(learner_dir))
+    logger.debug("Listed the kept steps of %s (%s): %s", learner_dir, "from the serve cache" if cached.is_file()
+                 else "by a child interpreter", ", ".join(sorted(listed, key=int)) or "none")
     return {int(n): files for n, files in listed.items()}
 
 
@@ -138,12 +148,18 @@ def _in_child(*args: str) -> Any:
         SbcliError: the child's one sentence, as the error class it raised (a damaged learner stays a
             LearnerError); ExportError when the child died without one.
     """
+    start = time.perf_counter()
     try:
         done = subprocess.run([sys.executable, "-m", "sbcli.export.serving", *args], capture_output=True, text=True,
                               timeout=CHILD_TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired as err:
         raise errors.ExportError(f"Exporting the learner for serving took over {CHILD_TIMEOUT_S} s; export it with "
                                  "`sb export` and serve the .onnx file.") from err
+    if logger.isEnabledFor(logging.DEBUG):
+        for line in done.stderr.splitlines():
+            if line.startswith("+"):  # the child's timings (:data:`DEBUG_ENV`)
+                logger.debug("  child %s", line)
+        logger.debug("The child interpreter (%s) answered in %.2f s", args[0], time.perf_counter() - start)
     if done.returncode == 0:
         return json.loads(done.stdout)
     kind, _, sentence = (done.stdout.strip().splitlines() or [""])[-1].partition(" ")
@@ -163,7 +179,9 @@ def _learner_onnx(learner_dir: Path) -> Path:
         from sbcli.learner.store.outputs import check_output_file
 
         check_output_file(out, overwrite=False)
-        export_onnx(Learner.load(learner_dir, "cpu"), out, OnnxConfig())  # atomic: concurrent workers each write a complete file
+        learner = Learner.load(learner_dir, "cpu")
+        logger.debug("Read the learner")
+        export_onnx(learner, out, OnnxConfig(traced=True))  # atomic: concurrent workers each write a complete file
         _kept_steps(learner_dir)  # listed now, while torch is loaded: the server's next question
     return out
 
@@ -192,7 +210,9 @@ def _step_onnx(learner_dir: Path, step: int, files: dict[str, str]) -> Path:
 
         out.parent.mkdir(parents=True, exist_ok=True)
         check_output_file(out, overwrite=True)
-        export_onnx(Learner.load(learner_dir, "cpu", step), out, OnnxConfig())
+        learner = Learner.load(learner_dir, "cpu", step)
+        logger.debug("Read step %d of the learner", step)
+        export_onnx(learner, out, OnnxConfig(traced=True))
     return out
 
 
@@ -216,6 +236,12 @@ def _main(argv: list[str]) -> int:
     """``python -m sbcli.export.serving learner DIR | steps DIR | step DIR N FILES``: the answer as JSON on stdout,
     or the error's class and sentence on its last line (exit 1)."""
     command, folder = argv[0], Path(argv[1])
+    if os.environ.get(DEBUG_ENV) == "1":
+        logging.basicConfig(stream=sys.stderr, level=logging.WARNING, format="+%(relativeCreated).0f ms %(message)s")
+        logging.getLogger("sbcli").setLevel(logging.DEBUG)
+        import torch  # noqa: F401  timed here, once, rather than inside whichever import loads it first
+
+        logger.debug("torch loaded")
     try:
         if command == "learner":
             answer: Any = str(_learner_onnx(folder))
@@ -234,4 +260,7 @@ def _main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(_main(sys.argv[1:]))
+    code = _main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # the answer is out: tearing torch down took 1.5 s more of the server's start

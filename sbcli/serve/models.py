@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,7 +112,9 @@ class Models:
         """Open every model not open yet (blocking: at startup, before the server listens)."""
         for served in self.live:
             if served.loaded is None:
+                start = time.perf_counter()
                 self._serve(served, self.open(served))
+                logger.debug("Opened %s in %.2f s (its current version)", served.source, time.perf_counter() - start)
 
     @staticmethod
     def _serve(served: Served, loaded: sources.Loaded) -> None:

@@ -33,6 +33,7 @@ from sbcli.serve.providers import CHOICES
 from sbcli.text import printable
 
 MIB = 2**20
+DEBUG_ENV = "SBCLI_DEBUG"  # set: sbcli's debug lines (what a start does, and when) reach the log
 MAX_REQUEST_MB = 1024.0  # a request is held whole in memory
 MAX_INFLIGHT_MB = 65536.0
 MAX_MEGAPIXELS = 1e6  # a bound on either pixel limit (a million megapixels would need about 4 TB to decode)
@@ -259,6 +260,11 @@ def log_config() -> dict[str, Any]:
 
     config = copy.deepcopy(LOGGING_CONFIG)
     config["loggers"]["sbcli"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    if os.environ.get(DEBUG_ENV) == "1":  # each step of a start, stamped with the milliseconds since the process began
+        config["formatters"]["timed"] = {**config["formatters"]["default"],
+                                         "fmt": "%(levelprefix)s +%(relativeCreated).0f ms %(message)s"}
+        config["handlers"]["timed"] = {**config["handlers"]["default"], "formatter": "timed"}
+        config["loggers"]["sbcli"] = {"handlers": ["timed"], "level": "DEBUG", "propagate": False}
     config.setdefault("filters", {})["printable"] = {"()": f"{__name__}.PrintableLog"}
     for handler in config["handlers"].values():
         handler.setdefault("filters", []).append("printable")

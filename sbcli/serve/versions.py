@@ -17,6 +17,8 @@ call) before it is listed, so ``ready`` means a request will not wait for a firs
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,8 @@ import numpy as np
 
 from sbcli.serve.model import OnnxClassifier, is_learner, open_onnx
 from sbcli.serve.source import Loaded, exporter_of, is_triton_model, model_name, triton_versions
+
+logger = logging.getLogger(__name__)
 
 
 def step_of(model: OnnxClassifier, fallback: int) -> int:
@@ -103,8 +107,10 @@ class Registry:
         if files is None:
             return  # exported meanwhile, or no longer kept
         exporter = exporter_of(self.exporter, self.source)
+        start = time.perf_counter()
         model = open_onnx(exporter.step_onnx(self.source, number, files), self.provider, self.threads, self.gpu)
         warm(model)
+        logger.debug("Version %d of %s exported and ready in %.2f s", number, self.source, time.perf_counter() - start)
         self.versions = {**self.versions, number: model}  # one assignment each: a request sees the old or the new
         self.pending = {n: f for n, f in self.pending.items() if n != number}
 
@@ -146,6 +152,8 @@ class Registry:
             else:
                 pending[number] = files
         found.setdefault(current, loaded.model)
+        logger.debug("Versions of %s: %s served (%d current), %s exported on first request", self.source,
+                     ", ".join(map(str, sorted(found))), current, ", ".join(map(str, sorted(pending))) or "none")
         self.versions, self.pending = found, pending
         self.synced = loaded
 
