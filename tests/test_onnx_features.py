@@ -110,8 +110,15 @@ def test_a_disagreeing_export_falls_back_to_pytorch_with_a_notice(model, images,
 
 
 def test_the_environment_chooses_the_runtime(model, images, tmp_path, monkeypatch):
+    on_gpu = {"device": torch.device("cuda"), "sharded": False, "norm": NORM, "threads": 1, "batch": 8, "cache": tmp_path}
+    assert onnx_features.prepare(model, images, lambda x: x, **on_gpu) is None  # a GPU keeps the PyTorch pass
+    across_ranks = {**on_gpu, "device": torch.device("cpu"), "sharded": True}
+    assert onnx_features.prepare(model, images, lambda x: x, **across_ranks) is None  # ranks shard and gather
     monkeypatch.setenv(onnx_features.ENV, "torch")
     assert prepare(model, images, tmp_path) is None and engine().feature_runtime() == "torch"
+    monkeypatch.setenv(onnx_features.ENV, "onnxruntime")
+    with pytest.raises(ConfigError, match="one CPU process"):
+        onnx_features.prepare(model, images, lambda x: x, **on_gpu)
     monkeypatch.setenv(onnx_features.ENV, "tensorrt")
     with pytest.raises(ConfigError, match="auto, torch or onnxruntime"):
         prepare(model, images, tmp_path)
@@ -119,4 +126,18 @@ def test_the_environment_chooses_the_runtime(model, images, tmp_path, monkeypatc
     torch.manual_seed(1)
     monkeypatch.setattr(onnx_features, "_export_bytes", CountingExports(of=create_model("resnet18", 3, 0.125).eval()))
     with pytest.raises(TrainingError, match="from PyTorch's float32"):  # asked for: an error, not a quiet fallback
+        prepare(model, images, tmp_path)
+
+
+def test_without_onnxruntime_the_pass_stays_on_pytorch_and_says_so(model, images, tmp_path, monkeypatch, caplog):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # as where it is not installed: importing it fails
+    with caplog.at_level(logging.INFO, logger="sbcli"):
+        assert prepare(model, images, tmp_path) is None
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "not installed" in said[0] and "sbcli[onnx]" in said[0], said
+    assert engine().feature_runtime() == "torch" and list(tmp_path.iterdir()) == []
+    monkeypatch.setenv(onnx_features.ENV, "onnxruntime")
+    with pytest.raises(ConfigError, match="needs onnxruntime"):
         prepare(model, images, tmp_path)

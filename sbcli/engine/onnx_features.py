@@ -191,7 +191,9 @@ def _export_bytes(model: nn.Module, norm: Normalization, image_size: int) -> byt
     try:
         model.eval()
         with torch.no_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter's notice of its successor
+            # the TorchScript exporter's notice of its successor, and a tracer's doubts (a timm model's shape checks
+            # become constants): what it made is checked against PyTorch's features before it is used
+            warnings.simplefilter("ignore")
             try:
                 buffer = io.BytesIO()
                 torch.onnx.export(wrapped, (example,), buffer, input_names=["images"],
