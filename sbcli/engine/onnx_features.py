@@ -1,19 +1,21 @@
-"""A frozen backbone's feature pass on onnxruntime: the same features as PyTorch's float32, three times as fast.
+"""A frozen backbone's feature pass on onnxruntime: the same features as PyTorch's float32, about twice as fast.
 
 A frozen-backbone method (``--method ranpac``, ``simplecil``) spends its step in one forward pass of the
-backbone over every new image. On a CPU, onnxruntime runs that pass about three times as fast as PyTorch's
-eager float32 (ResNet-18 x0.25 at 32 px, batch 64, 2 threads: 60 against 20 images/s;
-``benchmarks/feature_pass_speed.py``, docs/lab/benchmarks.md), with features within 1e-6 of PyTorch's.
-bfloat16 autocast was not faster there and is 7e-3 off.
+backbone over every new image. On a CPU, onnxruntime ran that pass 1.9 times as fast as a bare PyTorch
+float32 loop (ImageNet-style ResNet-18 x0.25 at 224 px, batch 64, 2 threads of an AVX-512 CPU: 760 against
+396 images/s; ``sb add-task``'s whole pass, decoding included, 510 against 277; three times as fast on a
+more loaded run: ``benchmarks/feature_pass_speed.py``, docs/lab/benchmarks.md), with features within 1e-6
+of PyTorch's. bfloat16 autocast was as fast there, but 8e-3 off.
 
 So the first frozen pass of a backbone exports ``forward_features`` to ONNX (uint8 NCHW images in, the
 normalisation inside the graph, float32 features out, batch axis dynamic: normalising with PyTorch before
 it cost a quarter of the pass) and keeps the file in sbcli's cache (``$SBCLI_CACHE/onnx-backbones``, else
 ``~/.cache/sbcli/decoded/onnx-backbones``), named by the SHA-256 of the backbone's tensors
 (:func:`sbcli.engine.feature_cache.backbone_fingerprint`), the normalisation and the input size: a later
-step, or another learner on the same backbone, loads it instead of exporting again. Before a pass uses it, the ONNX features
-of the first :data:`CHECK_IMAGES` images are compared with PyTorch's float32: beyond :data:`TOLERANCE`
-(the largest difference over the largest feature) the pass runs on PyTorch with a one-line notice. PyTorch
+step, or another learner on the same backbone, loads it instead of exporting again. Before a pass uses
+it, the ONNX features of the first :data:`CHECK_IMAGES` images are compared with PyTorch's float32: beyond
+:data:`TOLERANCE` (the largest difference over the largest feature) the pass runs on PyTorch with a
+one-line notice. PyTorch
 also runs the pass on a GPU, across torchrun ranks (they shard and gather), where onnxruntime or the
 exporter is not installed (a notice), and wherever ``SBCLI_FEATURE_ENGINE=torch``;
 ``SBCLI_FEATURE_ENGINE=onnxruntime`` makes each of those reasons an error instead.
