@@ -55,6 +55,10 @@ FOLDER = "onnx-backbones"
 OPSET = 17
 TOLERANCE = 1e-4  # measured: 6e-7 on ResNet-18 x0.25 (largest difference over the largest feature)
 CHECK_IMAGES = 8  # images of the first batch passed through both runtimes before the pass is trusted
+# images a session run takes at most: onnxruntime keeps the largest activations it has needed (its arena), so the
+# run's size is what its memory grows to (measured on a 2,000-image add-task at 224 px: 256 a run peaked 500 MB
+# above PyTorch's pass, 64 as fast)
+MAX_BATCH = 64
 
 Features = Callable[[torch.Tensor], torch.Tensor]
 
@@ -137,7 +141,7 @@ def prepare(model: nn.Module, images: torch.Tensor, torch_features: Features, *,
             continue
         try:
             data = path.read_bytes() if cached else _export_bytes(model, norm, size)
-            candidate = FeaturePass(_session(ort, data, threads), batch)
+            candidate = FeaturePass(_session(ort, data, threads), min(batch, MAX_BATCH))
             difference = _difference(candidate(probe), reference)
         except Exception as err:  # noqa: BLE001  an export or a load fails in many ways; each one is told
             if cached:
