@@ -190,3 +190,14 @@ def test_bundled_location_cannot_leave_the_zoo(tmp_path: Path) -> None:
     (tmp_path / "bad.toml").write_text("format = [")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_index(tmp_path / "bad.toml")
+
+
+def test_list_shows_an_indexs_text_as_written_never_as_markup_or_terminal_codes(tmp_path: Path) -> None:
+    path = tmp_path / "index.toml"
+    index = BASE.format(name="x", extra='location = "unpublished"')
+    index = index.replace('dataset = "demo"', 'dataset = "[b]d[/]\\u001b[2J"')
+    path.write_text(index)
+    res = CliRunner().invoke(app, ["pull", "--list", "--index", str(path)], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    assert "[b]d[/]" in res.stdout  # shown as written, not read as rich markup
+    assert "\x1b" not in res.stdout and "\\x1b[2J" in res.stdout

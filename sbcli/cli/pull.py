@@ -10,7 +10,7 @@ import typer
 
 from sbcli.cli._errors import friendly_errors
 from sbcli.cli._options import OUT, JsonOpt, QuietOpt
-from sbcli.cli.console import plain
+from sbcli.cli.console import cell, plain
 
 HUB = "Hub"
 
@@ -46,8 +46,9 @@ def zoo_table(entries: list[dict]):
         dataset = e["dataset"].split(":")[0].split(" (")[0]
         classes = "none yet" if e["holds"] == "backbone" else f"{e['classes']} in {len(e['tasks'])} tasks"
         network = "the backbone" if e["holds"] == "backbone" else e["network"]  # a backbone's is where it lives
-        table.add_row(e["name"], where, dataset, f"{e['method']} + {e['inference']}, {network}", classes,
-                      render.fmt(e["metrics"].get("last")))
+        # an index may come from anywhere (--index): its text is shown as written, never as markup
+        table.add_row(cell(e["name"]), cell(where), cell(dataset), cell(f"{e['method']} + {e['inference']}, {network}"),
+                      cell(classes), render.fmt(e["metrics"].get("last")))
     return table
 
 
