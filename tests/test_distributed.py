@@ -218,7 +218,7 @@ def test_torchrun_add_task_trains_data_parallel_and_rank_0_alone_writes_and_prin
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=170, env=env, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stderr.count("Adding the classes of") == 1, done.stderr[-3000:]  # rank 0 alone prints
+    assert done.stderr.count("Adding the images of") == 1, done.stderr[-3000:]  # rank 0 alone prints
     assert done.stderr.count("step 2 done") == 1, done.stderr[-3000:]
     learner = Learner.load(out)
     assert learner.state.steps == 2 and learner.state.class_names[2:] == ["blue", "yellow"]

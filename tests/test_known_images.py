@@ -1,11 +1,12 @@
 """`sb add-task` with more images of classes the learner knows: for a ridge head on a frozen backbone, one more
 exact accumulation (the same sums, and so the same head, as one joint fit on all the images); refused in one
 sentence, before any image is decoded and with the learner's bytes unchanged, for a method that trains its
-backbone and for a folder of known classes alone."""
+backbone; a folder of known classes alone is one more step with no new class."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from sbcli import api
 from sbcli.cli.app import app
 from sbcli.engine.loop import TrainConfig
 from sbcli.errors import DataError
-from sbcli.hub.card import class_table
+from sbcli.hub.card import CardFacts, class_table, model_card
 from sbcli.learner.state import Learner
 from sbcli.methods import ranpac
 
@@ -101,16 +102,6 @@ def test_a_trained_method_refuses_known_classes_before_any_work(one_task_learner
     assert hashes(learner) == before
 
 
-def test_a_folder_of_known_classes_alone_is_refused(color_data, one_task_learner, monkeypatch, tmp_path):
-    grown = tmp_path / "grown"
-    api.train(api.SequenceOptions(source=str(color_data["task1_train"]), tasks=1), _options(one_task_learner), grown)
-    before = hashes(grown)
-    monkeypatch.setattr("sbcli.run.add_task.open_spec", _never)
-    with pytest.raises(DataError, match="already knows every class of .*a step adds at least one new class"):
-        api.add_task(grown, write_class_folder(tmp_path / "more", ["red"], 4, seed=3), device="cpu")
-    assert hashes(grown) == before
-
-
 @pytest.mark.parametrize("method, why", [("simplecil", "keeps its classes as means"),
                                          ("ranpac", "a learner that keeps exemplars")])
 def test_a_frozen_learner_that_cannot_add_them_exactly_refuses_known_classes(method, why, color_data, one_task_learner,
@@ -126,3 +117,40 @@ def test_a_frozen_learner_that_cannot_add_them_exactly_refuses_known_classes(met
     with pytest.raises(DataError, match=f"already knows red \\(.*{why}"):
         api.add_task(learner, mixed, device="cpu")
     assert hashes(learner) == before
+
+
+def test_a_folder_of_known_classes_alone_is_one_more_exact_step(color_data, one_task_learner, tmp_path):
+    grown = tmp_path / "grown"
+    api.train(api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]), tasks=1),
+              _options(one_task_learner), grown)
+    more = write_class_folder(tmp_path / "more", ["red"], 6, seed=3)  # 6 more images of a known class, nothing new
+    res = runner.invoke(app, ["add-task", str(grown), str(more), "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    said = " ".join(res.output.split())
+    assert "6 more images of classes the learner knows" in said and "no new class" in said
+    joint = tmp_path / "joint"
+    api.train(api.SequenceOptions(source=str(_merge([color_data["task1_train"], more], tmp_path / "all")), tasks=1),
+              _options(one_task_learner), joint)
+    names, gram, targets, counts = _sums(grown)
+    joint_names, joint_gram, joint_targets, joint_counts = _sums(joint)
+    assert names == joint_names == ["green", "red"] and counts.tolist() == joint_counts.tolist() == [24, 30]
+    assert torch.allclose(gram, joint_gram, rtol=1e-12, atol=0) and torch.allclose(targets, joint_targets, rtol=1e-12)
+
+    state = Learner.load(grown).state
+    assert [h.known_images for h in state.history] == [None, 6] and state.steps == 2
+    assert state.tasks[-1].classes == [] and state.class_task == [0, 0]
+    assert [h.num_classes for h in state.history] == [2, 2]
+    measured = state.history[-1].metrics  # on the test images of task 1, the only task with classes
+    assert len(measured.per_task) == 1 and measured.overall == measured.per_task[0] > 50
+    assert "| 2 | no new class (6 more images of classes learned before) |" in class_table(state)
+    card = model_card(state, CardFacts("user/colours", "ridge", 0, 0, ["learner.json"]))
+    assert "| 2 | no new class (6 more images of classes learned before) |" in card
+    res = runner.invoke(app, ["evaluate", str(grown), "--device", "cpu", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["metrics"]["overall"] == measured.overall
+    res = runner.invoke(app, ["export", str(grown), "--format", "onnx", "-o", str(tmp_path / "m.onnx")])
+    assert res.exit_code == 0, res.output
+    assert api.rollback(grown, 1) and Learner.load(grown).state.steps == 1
+    res = runner.invoke(app, ["add-task", str(grown), str(more), "--device", "cpu"])  # and again after the rollback
+    assert res.exit_code == 0, res.output
+    assert _sums(grown)[3].tolist() == [24, 30]

@@ -75,7 +75,7 @@ def add_task(
     reporter = progress.reporter(quiet or not main, every=None)  # a tenth of the step's epochs, from its start
     watchers = [reporter, *(log_watchers(log, learner) if main and log else [])]  # each told every event of the run
     with api.session(device), reporter:
-        reporter.note(f"Adding the classes of {plain(folder)} to {plain(learner)}")
+        reporter.note(f"Adding the images of {plain(folder)} to {plain(learner)}")
         options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal,
                                      balance_epochs=balance_epochs, name=dataset_name)

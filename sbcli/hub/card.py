@@ -122,8 +122,8 @@ def class_table(state: LearnerState) -> str:
     for step in range(state.steps):
         names = [n for n, t in zip(state.class_names, state.class_task, strict=True) if t == step]
         known = state.history[step].known_images if step < len(state.history) else None
-        more = f" (and {known} more images of classes learned before)" if known else ""
-        rows.append(f"| {step + 1} | {', '.join(names)}{more} |")
+        more = f" ({'and ' if names else ''}{known} more images of classes learned before)" if known else ""
+        rows.append(f"| {step + 1} | {', '.join(names) or 'no new class'}{more} |")
     return "\n".join(rows)
 
 

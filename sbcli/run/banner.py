@@ -48,7 +48,9 @@ class RunBanner:
         # a frozen backbone trains nothing: its one pass computes features in float32 (Engine.features)
         compute = f" in {self.precision}" if self.epochs else ", features in fp32"
         known = (f" and {self.known_images} more images of classes the learner knows" if self.known_images else "")
-        return (f"Found {self.classes} classes, {self.train_images} training images{known}{test}; "
+        found = (f"{self.classes} classes, {self.train_images} training images{known}" if self.classes or not known
+                 else f"no new class and {self.known_images} more images of classes the learner knows")
+        return (f"Found {found}{test}; "
                 f"at {self.image_size}x{self.image_size} pixels{resized}; {self.network}; "
                 f"{epochs}; on {self.device}{compute}.")
 

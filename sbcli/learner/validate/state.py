@@ -138,7 +138,7 @@ def _state_fields() -> dict[str, Check]:
         "seed": whole(-MAX_SEED, MAX_SEED),
         "class_names": list_of(string(max_len=1000), MAX_CLASSES),  # none yet: a backbone waiting for its first task
         "class_task": list_of(whole(0, MAX_CLASSES), MAX_CLASSES),
-        "tasks": list_of(object_of({"classes": list_of(string(max_len=1000), MAX_CLASSES, 1), "source": _source},
+        "tasks": list_of(object_of({"classes": list_of(string(max_len=1000), MAX_CLASSES, 0), "source": _source},
                                ("classes", "source")), MAX_CLASSES),
         "history": list_of(object_of({"step": whole(1, MAX_CLASSES), "num_classes": whole(0, MAX_CLASSES), "metrics": metrics,
                                       "network_metrics": metrics, "known_images": whole(1, 1 << 40)}, ("step", "num_classes", "metrics")), MAX_CLASSES),
@@ -199,6 +199,8 @@ def _cross_check(data: dict) -> str | None:
         unknown = [c for c in task["classes"] if c not in known]
         if unknown:
             return f"tasks[{i}] names the class {unknown[0]!r}, which is not in class_names"
+        if not task["classes"] and not (i < len(history) and history[i].get("known_images")):
+            return f"tasks[{i}] brought no class and no images of known classes"
     return None
 
 
