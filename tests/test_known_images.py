@@ -145,6 +145,8 @@ def test_a_folder_of_known_classes_alone_is_one_more_exact_step(color_data, one_
     assert "| 2 | no new class (6 more images of classes learned before) |" in class_table(state)
     card = model_card(state, CardFacts("user/colours", "ridge", 0, 0, ["learner.json"]))
     assert "| 2 | no new class (6 more images of classes learned before) |" in card
+    said = " ".join(runner.invoke(app, ["evaluate", str(grown), "--device", "cpu"]).output.split())
+    assert "Test images of task 1: 16 from the test set" in said and "task 2" not in said  # it brought no class
     res = runner.invoke(app, ["evaluate", str(grown), "--device", "cpu", "--json"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.stdout)["metrics"]["overall"] == measured.overall

@@ -202,6 +202,8 @@ def choose(state, sample: CarriedSample | None, data_roots: list[Path] | None = 
     report: list[TaskTestData] = []
     for step, task in enumerate(state.tasks):
         classes = list(task.classes)
+        if not classes:  # a step of more images of known classes alone: measured with the tasks that taught them
+            continue
         found = finder.find(task)
         if found.images is not None:
             images = _resized(found.images, task.source)  # a benchmark's at the resolution the learner trained at
