@@ -25,6 +25,7 @@ from sbcli.methods import METHODS
 from sbcli.nets import list_models
 from sbcli.run import add_task as adding
 from sbcli.run import evaluation, sequence
+from sbcli.run import forget as forgetting
 from sbcli.run.add_task import AddTaskOptions
 from sbcli.run.sequence import StepFn, save_from_main, sequence_scenario
 from sbcli.run.steps import StepSummary
@@ -35,7 +36,7 @@ ProgressFn = WatcherLike  # watchers (sbcli.watch.watcher.Watcher), a function o
 __all__ = [
     "AddTaskOptions", "Learner", "LearnerState", "MemorySettings", "ProgressFn", "Provenance", "RunOptions",
     "SequenceOptions", "StepFn", "StepRecord", "StepSummary", "TaskRecord", "TestSampleSettings", "add_task",
-    "architectures", "evaluate", "export_int8", "export_onnx", "export_triton", "is_main_process", "learner_state",
+    "architectures", "evaluate", "forget", "export_int8", "export_onnx", "export_triton", "is_main_process", "learner_state",
     "method_summaries", "options", "predict", "pull", "push", "resolve_device", "rollback", "save_from_main",
     "sequence_scenario", "session", "train", "zoo",
 ]
@@ -108,6 +109,22 @@ def rollback(learner_dir: Path, step: int) -> dict:
         LearnerError: the step is not kept (nothing changes), or another writer holds the learner.
     """
     return rollbacks.rollback(learner_dir, step)
+
+
+def forget(learner_dir: Path, classes: list[str], data: Path | None = None, *, device: str = "auto",
+           keep: int | None = None) -> StepSummary:
+    """Take ``classes`` out of the learner at ``learner_dir`` as a new step (``sb forget``).
+
+    A ridge or LDA head on a frozen backbone (``--method ranpac``): with ``data``, the classes' training
+    images (one folder per class, exactly those it was taught), their terms leave the head's sums and the
+    learner equals one never taught them, to float64's rounding; without, the classes leave the head alone.
+    Everything is checked before an image is decoded; ``sb rollback`` undoes the step.
+
+    Raises:
+        ConfigError: no class, an unknown class, every class, or a method whose classes cannot be taken out.
+        DataError: ``data`` that is not the training images of exactly those classes.
+    """
+    return forgetting.forget(learner_dir, classes, data, device=device, keep=keep)
 
 
 def method_summaries() -> dict[str, str]:

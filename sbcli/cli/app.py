@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from sbcli import __version__
-from sbcli.cli import add_task, bench, evaluate, export, predict, pull, rollback, serve, train
+from sbcli.cli import add_task, bench, evaluate, export, forget, predict, pull, rollback, serve, train
 
 app = typer.Typer(
     name="sb",
@@ -40,6 +40,7 @@ app.command("export", epilog=export.EPILOG)(export.export)
 app.command("predict", epilog=predict.EPILOG)(predict.predict)
 app.command("pull", epilog=pull.EPILOG)(pull.pull)
 app.command("rollback", epilog=rollback.EPILOG)(rollback.rollback)
+app.command("forget", epilog=forget.EPILOG)(forget.forget)
 app.command("serve", epilog=serve.EPILOG)(serve.serve)
 
 

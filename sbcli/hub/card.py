@@ -70,20 +70,21 @@ def method_title(name: str) -> str:
     return spec.title if spec is not None and spec.title else name
 
 
-def _sources(state: LearnerState) -> list[dict]:
-    return [public_record(t.source) for t in state.tasks]
+def _sources(state: LearnerState, data_only: bool = False) -> list[dict]:
+    """Each step's data record (``data_only``: the steps that brought data, not those that took classes out)."""
+    return [public_record(t.source) for t in state.tasks if not (data_only and t.source.get("kind") == "forget")]
 
 
 def hub_datasets(state: LearnerState) -> list[str]:
     """Hub ids of the public benchmarks the learner learned from, in order, each once."""
-    ids = [HUB_DATASETS[s["kind"]] for s in _sources(state) if s["kind"] in HUB_DATASETS]
+    ids = [HUB_DATASETS[s["kind"]] for s in _sources(state, data_only=True) if s["kind"] in HUB_DATASETS]
     return list(dict.fromkeys(ids))
 
 
 def _dataset(state: LearnerState, upto: int) -> tuple[str, str]:
     """(type, name) of the test data after step ``upto``: a Hub id, or ``imagefolder`` and the data's names
     (what the user called it: ``--name``, or the folder above train/ and test/)."""
-    sources = _sources(state)[:upto]
+    sources = [public_record(t.source) for t in state.tasks[:upto] if t.source.get("kind") != "forget"]
     kinds = {s["kind"] for s in sources}
     if len(kinds) == 1 and (kind := kinds.pop()) in HUB_DATASETS:
         return HUB_DATASETS[kind], kind
@@ -121,8 +122,10 @@ def class_table(state: LearnerState) -> str:
     rows = ["| step | classes |", "|---:|---|"]
     for step in range(state.steps):
         names = [n for n, t in zip(state.class_names, state.class_task, strict=True) if t == step]
-        known = state.history[step].known_images if step < len(state.history) else None
+        record = state.history[step] if step < len(state.history) else None
+        known, forgotten = (None, None) if record is None else (record.known_images, record.forgotten)
         more = f" ({'and ' if names else ''}{known} more images of classes learned before)" if known else ""
+        more += f" (took out {', '.join(forgotten)})" if forgotten else ""
         rows.append(f"| {step + 1} | {', '.join(names) or 'no new class'}{more} |")
     return "\n".join(rows)
 
@@ -133,6 +136,9 @@ def source_table(state: LearnerState) -> str:
     for step, source in enumerate(_sources(state), start=1):
         train, test = source.get("train", {}), source.get("test") if isinstance(source.get("test"), dict) else {}
         count = lambda part: str(sum(part["counts"])) if "counts" in part else "-"  # noqa: E731
+        if source["kind"] == "forget":
+            rows.append(f"| {step} | none: classes taken out (`sb forget`) | - | - | - |")
+            continue
         rows.append(f"| {step} | {source['kind']}: {display_name(source)} | {count(train)} | {count(test)} | "
                     f"{test.get('sha256', '-')[:16]} |")
     return "\n".join(rows)

@@ -18,7 +18,7 @@ from sbcli.learner.test_sample import DEFAULT_CAP, CarriedSample
 from sbcli.metrics import StepMetrics
 
 STEP_KEYS = ("step", "num_classes", "metrics", "network_metrics", "phases", "record", "seconds", "train_config",
-             "known_images")
+             "known_images", "forgotten")
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class StepRecord:
     train_config: dict[str, Any] | None = None  # this step's own engine settings, as recorded (TrainConfig's asdict)
     extra: dict[str, Any] = field(default_factory=dict)
     known_images: int | None = None  # images of already-learned classes the step added (None: none)
+    forgotten: list[str] | None = None  # the classes the step took out (`sb forget`; None: none)
 
     @property
     def epochs_trained(self) -> int:
@@ -60,6 +61,8 @@ class StepRecord:
             out["train_config"] = self.train_config
         if self.known_images is not None:
             out["known_images"] = self.known_images
+        if self.forgotten is not None:
+            out["forgotten"] = self.forgotten
         return {**out, **self.extra}
 
     @classmethod
@@ -69,7 +72,7 @@ class StepRecord:
                    network_metrics=None if network is None else StepMetrics.from_json(network),
                    phases=data.get("phases", []), record=data.get("record", {}), seconds=data.get("seconds"),
                    train_config=data.get("train_config"), extra=_unknown(data, STEP_KEYS),
-                   known_images=data.get("known_images"))
+                   known_images=data.get("known_images"), forgotten=data.get("forgotten"))
 
 
 @dataclass(frozen=True)

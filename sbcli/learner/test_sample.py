@@ -43,6 +43,13 @@ class CarriedSample:
         keep = torch.isin(self.labels, torch.tensor(classes, dtype=torch.long))
         return ImageSet(self.images[keep], self.labels[keep], list(class_names))
 
+    def kept(self, keep: list[int], num_classes: int) -> CarriedSample:
+        """The sample of the classes ``keep`` alone (old ids), labelled by their place in ``keep``."""
+        relabel = torch.full((num_classes,), -1, dtype=torch.long)
+        relabel[torch.tensor(keep, dtype=torch.long)] = torch.arange(len(keep))
+        rows = relabel[self.labels] >= 0
+        return CarriedSample(self.images[rows], relabel[self.labels[rows]])
+
     @classmethod
     def empty(cls, image_size: int) -> CarriedSample:
         return cls(torch.zeros(0, 3, image_size, image_size, dtype=torch.uint8), torch.zeros(0, dtype=torch.long))

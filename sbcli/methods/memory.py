@@ -96,6 +96,15 @@ class ExemplarMemory:
             raise ConfigError("Herding needs the model's features; none were given.")
         return idx[herding_order(features(images[idx]), quota)]
 
+    def keep_classes(self, keep: list[int], num_classes: int) -> None:
+        """Drop the exemplars of every class not in ``keep`` (old ids); the rest take their place in ``keep``."""
+        if self.images is None or self.labels is None:
+            return
+        relabel = torch.full((num_classes,), -1, dtype=torch.long)
+        relabel[torch.tensor(keep, dtype=torch.long)] = torch.arange(len(keep))
+        rows = relabel[self.labels] >= 0
+        self.images, self.labels = self.images[rows], relabel[self.labels[rows]]
+
     def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(images, labels), empty tensors when the memory holds nothing yet."""
         if self.images is None or self.labels is None:

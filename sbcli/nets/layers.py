@@ -54,6 +54,14 @@ class MaskedLinear(nn.Linear):
         grown.bias[: self.out_features] = self.bias
         return grown
 
+    @torch.no_grad()
+    def rows(self, keep: list[int]) -> "MaskedLinear":
+        """A head of the rows ``keep`` alone, in that order (classes taken out: ``sb forget``)."""
+        kept = MaskedLinear(self.in_features, len(keep)).to(self.weight.device, self.weight.dtype)
+        kept.weight.copy_(self.weight[keep])
+        kept.bias.copy_(self.bias[keep])
+        return kept
+
 
 class GrowingHead(nn.Module):
     """A network whose classifier is ``self.head`` (a :class:`MaskedLinear`) over pooled features: the
@@ -78,3 +86,7 @@ class GrowingHead(nn.Module):
         """Grow the head by ``num_new`` classes, keeping the old rows and biases."""
         if num_new > 0:
             self.head = self.head.expand(num_new)
+
+    def keep_classes(self, keep: list[int]) -> None:
+        """Keep the head's rows of the classes ``keep`` alone (old ids, in their new order)."""
+        self.head = self.head.rows(keep)

@@ -201,8 +201,8 @@ def choose(state, sample: CarriedSample | None, data_roots: list[Path] | None = 
     parts: list[ImageSet] = []
     report: list[TaskTestData] = []
     for step, task in enumerate(state.tasks):
-        classes = list(task.classes)
-        if not classes:  # a step of more images of known classes alone: measured with the tasks that taught them
+        classes = [c for c in task.classes if c in state.class_names]  # less those a later step took out
+        if not classes:  # a step of known classes' images alone, or of classes taken out: nothing of its own
             continue
         found = finder.find(task)
         if found.images is not None:

@@ -65,7 +65,7 @@ def check_format_version(data: object, where: Path | str) -> int:
     return version
 
 
-SOURCE_KINDS = ("demo", "cifar10", "cifar100", "tiny-imagenet", "folder")  # sbcli.data.catalog's, without its imports
+SOURCE_KINDS = ("demo", "cifar10", "cifar100", "tiny-imagenet", "folder", "forget")  # sbcli.data.catalog's, without its imports
 
 
 def _source(v: Any) -> str | None:
@@ -141,7 +141,8 @@ def _state_fields() -> dict[str, Check]:
         "tasks": list_of(object_of({"classes": list_of(string(max_len=1000), MAX_CLASSES, 0), "source": _source},
                                ("classes", "source")), MAX_CLASSES),
         "history": list_of(object_of({"step": whole(1, MAX_CLASSES), "num_classes": whole(0, MAX_CLASSES), "metrics": metrics,
-                                      "network_metrics": metrics, "known_images": whole(1, 1 << 40)}, ("step", "num_classes", "metrics")), MAX_CLASSES),
+                                      "network_metrics": metrics, "known_images": whole(1, 1 << 40),
+                                      "forgotten": list_of(string(max_len=1000), MAX_CLASSES, 1)}, ("step", "num_classes", "metrics")), MAX_CLASSES),
         "plan": optional(object_of({"source": _source, "scenario": object_of({
             "order": list_of(whole(0, MAX_CLASSES), MAX_CLASSES), "sizes": list_of(whole(1, MAX_CLASSES), MAX_CLASSES)},
             ("order", "sizes"))}, ("source", "scenario"))),
@@ -194,13 +195,14 @@ def _cross_check(data: dict) -> str | None:
         return f"class_task names task {max(task_of)} but the learner has {len(tasks)} tasks"
     if len(history) != len(tasks):
         return f"history has {len(history)} steps but tasks has {len(tasks)}"
-    known = set(names)
     for i, task in enumerate(tasks):
+        # a class a later step took out (sb forget) is named by the task that taught it, not in class_names
+        known = set(names).union(*(h.get("forgotten") or () for h in history[i + 1:]))
         unknown = [c for c in task["classes"] if c not in known]
         if unknown:
             return f"tasks[{i}] names the class {unknown[0]!r}, which is not in class_names"
-        if not task["classes"] and not (i < len(history) and history[i].get("known_images")):
-            return f"tasks[{i}] brought no class and no images of known classes"
+        if not task["classes"] and not (i < len(history) and (history[i].get("known_images") or history[i].get("forgotten"))):
+            return f"tasks[{i}] brought no class, no images of known classes and took none out"
     return None
 
 
