@@ -132,8 +132,50 @@ def test_refusals_come_before_any_work_and_leave_the_learner_unchanged(grown, co
     res = runner.invoke(app, ["forget", str(grown), "purple"])
     assert res.exit_code != 0 and "does not know 'purple'" in " ".join(res.output.split())
     monkeypatch.setattr("sbcli.run.forget.stream_features", lambda *a: pytest.fail("an image was passed"))
-    with pytest.raises(ConfigError, match="--method std, whose classes it cannot take out yet"):
-        api.forget(one_task_learner, ["red"], device="cpu")
+    trained = tmp_path / "trained"
+    shutil.copytree(one_task_learner, trained)
+    before = hashes(trained)
+    with pytest.raises(ConfigError, match="is --method std, whose classes leave without their images: drop --data"):
+        api.forget(trained, ["red"], color_data["task1_train"], device="cpu")
+    assert hashes(trained) == before
+
+
+def test_a_trained_network_loses_its_head_rows_and_exemplars_and_says_its_backbone_keeps_them(one_task_learner,
+                                                                                               tmp_path):
+    learner = tmp_path / "trained"
+    shutil.copytree(one_task_learner, learner)  # --method std, memory 8: red, green
+    was = Learner.load(learner)
+    res = runner.invoke(app, ["forget", str(learner), "red", "--device", "cpu"])
+    assert res.exit_code == 0, res.output
+    assert "backbone keeps what it learned from them" in " ".join(res.output.split())
+    now = Learner.load(learner)
+    assert now.state.class_names == ["green"] and now.model.num_classes == 1
+    assert torch.equal(now.model.head.weight, was.model.head.weight[[1]])
+    assert now.memory.labels.tolist() == [0] * int((was.memory.labels == 1).sum())
+    assert torch.equal(now.memory.images, was.memory.images[was.memory.labels == 1])
+    assert now.state.history[-1].record == {"exact": False}
+    backbone = [k for k in was.model.state_dict() if not k.startswith("head.")]
+    assert all(torch.equal(now.model.state_dict()[k], was.model.state_dict()[k]) for k in backbone)
+
+
+def test_simplecil_prototypes_left_are_those_of_a_learner_never_taught_the_class(color_data, one_task_learner,
+                                                                               tmp_path):
+    from sbcli.methods.rules.prototype import PROTOTYPES_KEY
+
+    options = _options(one_task_learner, method="simplecil", method_options={})
+    learner, never = tmp_path / "all", tmp_path / "never"
+    for out, second, test in ((learner, color_data["task2_train"], color_data["task2_test"]),
+                              (never, _only(color_data["task2_train"], ["yellow"], tmp_path / "y"),
+                               _only(color_data["task2_test"], ["yellow"], tmp_path / "yt"))):
+        api.train(api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]),
+                                      tasks=1), options, out)
+        api.add_task(out, second, test, device="cpu")
+    step = api.forget(learner, ["blue"], device="cpu")
+    assert step.num_classes == 3 and "never taught" in step.notes[0]
+    after, alone = Learner.load(learner), Learner.load(never)
+    assert after.state.class_names == alone.state.class_names == ["red", "green", "yellow"]
+    assert torch.allclose(after.extra[PROTOTYPES_KEY], alone.extra[PROTOTYPES_KEY], rtol=1e-6, atol=1e-7)
+    assert after.state.history[-1].record == {"exact": True} and step.metrics.overall > 50
 
 
 def test_an_lda_head_is_solved_again_from_the_sums_left(color_data, one_task_learner, tmp_path):

@@ -32,7 +32,7 @@ def forget(
     quiet: QuietOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Take classes out of a learner as a new step (a ridge or LDA head on a frozen backbone: --method ranpac)."""
+    """Take classes out of a learner as a new step (exactly for --method ranpac with --data, and simplecil)."""
     paths.learner(learner)  # before torch loads: a mistyped path answers at once
     from sbcli import api
     from sbcli.cli import render
@@ -44,7 +44,7 @@ def forget(
         if not quiet:
             for note in step.notes:
                 render.ERR.print(plain(note), highlight=False, soft_wrap=True)
-        how = "exactly (their images left the sums)" if exact else "from the head alone (their images stay in its sums)"
+        how = ("exactly" if exact else "from the head alone (see the note above)")
         render.OUT.print(f"Learner {plain(learner)} took out {', '.join(plain(c) for c in step.state.history[-1].forgotten)} "
                          f"{how} at step {step.step}; it now knows {step.num_classes} classes, "
                          f"{render.fmt(step.metrics.overall)} % right on their test images.", highlight=False,

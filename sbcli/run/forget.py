@@ -4,10 +4,12 @@ Load, check, (pass the given images), take the classes out, measure, save: one s
 `sb rollback` undoes it, and the card, `sb evaluate`, the ONNX export and the served versions follow the
 classes the learner now knows. Every refusal comes before any image is decoded, the learner unchanged.
 
-A ridge or LDA head on a frozen backbone (``--method ranpac``) is the one kind taken out exactly: with the
-classes' training images (``data``), its sums lose their terms and equal, to float64's rounding, those of
-a learner never taught them (:mod:`sbcli.methods.ridge_forget`); without them, the classes leave the
-head alone and their images stay in the sums. Other methods refuse for now, in one sentence.
+A ridge or LDA head on a frozen backbone (``--method ranpac``), with the classes' training images
+(``data``): its sums lose their terms and equal, to float64's rounding, those of a learner never taught
+them (:mod:`sbcli.methods.ridge_forget`); without them, the classes leave the head alone and their images
+stay in the sums. Class prototypes (``simplecil``) are rows of their class alone: taken out exactly. A
+trained network loses its head rows, its rule's per-class state and its exemplars of them, but its
+backbone keeps what it learned from them (:mod:`sbcli.methods.class_rows`); the output says so.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from sbcli.errors import ConfigError, DataError
 from sbcli.learner.records import StepRecord, TaskRecord, TestSampleSettings
 from sbcli.learner.state import Learner
 from sbcli.learner.store.lock import writer_lock
-from sbcli.methods import ridge_forget
+from sbcli.methods import METHODS, class_rows, ridge_forget
 from sbcli.run import evalsets
 from sbcli.run.add_task import stream_features
 from sbcli.run.evaluation import evaluate_learner, feature_cache_for
@@ -56,9 +58,13 @@ def forget(learner_dir: Path, classes: list[str], data: Path | None = None, *, d
             features, _ = stream_features(listed, engine, learner.model)
             names = list(listed.class_names)
             labels = torch.tensor([state.class_names.index(names[int(y)]) for y in listed.labels], dtype=torch.long)
-        chosen = next((h.record for h in reversed(state.history) if "temperature" in h.record), {})
-        left = ridge_forget.forget(learner.extra, state.num_classes, kept, chosen, state.method_config.inference,
-                                   features, labels, state.class_names)
+        if state.method == "ranpac":
+            chosen = next((h.record for h in reversed(state.history) if "temperature" in h.record), {})
+            left = ridge_forget.forget(learner.extra, state.num_classes, kept, chosen, state.method_config.inference,
+                                       features, labels, state.class_names)
+        else:  # rows of their classes: prototypes exactly; a trained network's head, its backbone unchanged
+            left = ridge_forget.Forgotten(class_rows.keep_rows(learner.extra, state.num_classes, kept),
+                                          {"exact": METHODS.get(state.method).frozen_backbone})
         learner.extra = left.extra
         learner.model.keep_classes(kept)
         learner.memory.keep_classes(kept, state.num_classes)
@@ -76,7 +82,7 @@ def forget(learner_dir: Path, classes: list[str], data: Path | None = None, *, d
         state.history.append(StepRecord(state.steps + 1, state.num_classes, metrics, None, [], left.record,
                                         round(seconds, 2), dataclasses.asdict(state.train_config), forgotten=gone))
         save_from_main(learner, learner_dir, keep)
-        return StepSummary(state.steps, state.num_classes, metrics, seconds, notes=_notes(left.record, learner),
+        return StepSummary(state.steps, state.num_classes, metrics, seconds, notes=_notes(left.record, state.method),
                            state=state)
 
 
@@ -98,10 +104,9 @@ def _check(learner: Learner, where: Path, classes: list[str], data: Path | None)
     if len(gone) == state.num_classes:
         raise ConfigError(f"That would take out every class of the learner at {where}; keep at least one, or start "
                           "again from its backbone.")
-    if state.method != "ranpac":
-        raise ConfigError(f"sb forget takes classes out of a ridge or LDA head on a frozen backbone (--method "
-                          f"ranpac); the learner at {where} is --method {state.method}, whose classes it cannot "
-                          "take out yet.")
+    if data is not None and state.method != "ranpac":
+        raise ConfigError(f"--data takes classes out of a ridge or LDA head's sums (--method ranpac); the learner at "
+                          f"{where} is --method {state.method}, whose classes leave without their images: drop --data.")
     if data is not None and not Path(data).expanduser().is_dir():
         raise DataError(f"--data {data} is not a directory; give the class-per-folder training images of the classes "
                         "to take out.")
@@ -126,8 +131,15 @@ def _listed(data: Path, gone: list[str], image_size: int) -> FolderStream:
     return listed
 
 
-def _notes(record: dict, learner: Learner) -> list[str]:
+def _notes(record: dict, method: str) -> list[str]:
     """What the user should know about how the classes went."""
+    if method == "simplecil":
+        return ["A class prototype is the mean of its own class's features: the prototypes left are those of a "
+                "learner never taught the classes taken out (its softmax scale stays the one fitted with them)."]
+    if method != "ranpac":
+        return ["Their head rows, their exemplars and the rule's state of them are gone, but the network's backbone "
+                "keeps what it learned from them (and the other classes' rows were trained beside them): only "
+                "training again without them would take that out."]
     if record.get("exact"):
         return [f"Their {record.get('images', 0):,} training images were taken out of the head's sums: the learner "
                 "is, to float64's rounding, one never taught those classes."]
