@@ -49,7 +49,8 @@ def test_a_learner_path_is_shown_as_written_never_as_markup_or_terminal_codes(tr
         res = runner.invoke(app, [str(a) for a in args], env={"COLUMNS": "400"})
         assert res.exit_code == 0, res.output
         shown = res.stdout + res.stderr
-        assert "l[/]x[bold red]y" in shown and "\x1b" not in shown  # the literal text, no raw escape
+        unwrapped = "".join(shown.split())  # a table title wraps where its table ends, wherever the folder is
+        assert "l[/]x[boldred]y" in unwrapped and "\x1b" not in shown  # the literal text, no raw escape
 
 
 def test_train_add_task_evaluate_end_to_end(trained, color_data, tmp_path):
