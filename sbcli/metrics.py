@@ -61,14 +61,17 @@ class StepMetrics:
                    data.get("counts"))
 
 
-def step_metrics(scores: torch.Tensor, labels: torch.Tensor, task_of_class: list[int]) -> StepMetrics:
+def step_metrics(scores: torch.Tensor, labels: torch.Tensor, task_of_class: list[int],
+                 current: int | None = None) -> StepMetrics:
     """Metrics of one step from the scores over every seen class.
 
     old/new: overall argmax on old-class / current-task images. intra-old: argmax over the old
     classes' scores on old images; intra-new: argmax over the current task's scores on its images.
+    ``current``: the step's task (default: the last task with a class); a step that brought no class (more
+    images of known classes, classes taken out) has no new images and its own, empty, per-task entry.
     """
     task_of = torch.tensor(task_of_class)[labels]
-    current = max(task_of_class)
+    current = max(task_of_class) if current is None else max(current, max(task_of_class))
     num_old = sum(1 for t in task_of_class if t < current)
     is_old = task_of < current
     counts = {
@@ -77,7 +80,8 @@ def step_metrics(scores: torch.Tensor, labels: torch.Tensor, task_of_class: list
         "old": top1_counts(scores[is_old], labels[is_old]),
         "new": top1_counts(scores[~is_old], labels[~is_old]),
         "intra_old": top1_counts(scores[is_old, :num_old], labels[is_old]) if num_old else (0, 0),
-        "intra_new": top1_counts(scores[~is_old, num_old:], labels[~is_old] - num_old),
+        "intra_new": (top1_counts(scores[~is_old, num_old:], labels[~is_old] - num_old)
+                      if num_old < scores.shape[1] else (0, 0)),  # a step that brought no class: none new
     }
     return StepMetrics(
         overall=percent(*counts["overall"]),

@@ -84,6 +84,7 @@ def test_with_its_images_a_class_leaves_as_if_it_had_never_been_taught(grown, co
     assert state.history[-1].forgotten == ["blue"] and state.history[-1].record["exact"] is True
     assert state.tasks[-1].classes == [] and state.tasks[1].classes == ["blue", "yellow"]
     assert state.test_sample.counts == [8, 8, 8] and state.history[-1].metrics.overall > 50
+    assert len(state.history[-1].metrics.per_task) == 3  # a column for each step, its own empty
     assert json.loads((grown / "learner.json").read_text())["history"][-1]["forgotten"] == ["blue"]
     card = model_card(state, CardFacts("user/colours", "ridge", 0, 0, ["learner.json"]))
     assert "| 3 | no new class (took out blue) |" in card

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -140,8 +141,9 @@ def test_a_folder_of_known_classes_alone_is_one_more_exact_step(color_data, one_
     assert [h.known_images for h in state.history] == [None, 6] and state.steps == 2
     assert state.tasks[-1].classes == [] and state.class_task == [0, 0]
     assert [h.num_classes for h in state.history] == [2, 2]
-    measured = state.history[-1].metrics  # on the test images of task 1, the only task with classes
-    assert len(measured.per_task) == 1 and measured.overall == measured.per_task[0] > 50
+    measured = state.history[-1].metrics  # on the test images of task 1: every class is old, none new
+    assert len(measured.per_task) == 2 and measured.overall == measured.per_task[0] == measured.old > 50
+    assert math.isnan(measured.per_task[1]) and math.isnan(measured.new)
     assert "| 2 | no new class (6 more images of classes learned before) |" in class_table(state)
     card = model_card(state, CardFacts("user/colours", "ridge", 0, 0, ["learner.json"]))
     assert "| 2 | no new class (6 more images of classes learned before) |" in card

@@ -30,16 +30,18 @@ def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet, *, networ
     ``cache`` (a frozen backbone's learner, :func:`feature_cache_for`), a rule that scores pooled
     features reads the features of images it has met before from the cache.
     """
+    state = learner.state
+    current = max(len(state.tasks) - 1, max(state.class_task, default=0))  # the step's task: it may have brought no class
     if len(test) == 0:
         nan = float("nan")
-        return StepMetrics(nan, [nan] * (max(learner.state.class_task) + 1), nan, nan, nan, nan)
+        return StepMetrics(nan, [nan] * (current + 1), nan, nan, nan, nan)
     rule = learner.state.method_config.inference
     model = learner.model if network else scoring_module(learner.model, learner.extra, rule)
     if cache is not None and isinstance(model, FeatureScores) and not engine.dist.enabled:
         scores = _scores_from_features(model, engine, test, cache)
     else:
         scores = engine.logits(model, test.images)
-    return step_metrics(scores, test.labels, learner.state.class_task)
+    return step_metrics(scores, test.labels, state.class_task, current)
 
 
 def feature_cache_for(method: str) -> FeatureCache | None:

@@ -61,6 +61,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     teacher = frozen_copy(learner.model) if step > 0 else None
     state.class_names.extend(new_classes)
     state.class_task.extend([step] * len(new_classes))
+    state.tasks.append(task_record)  # the step's task from here on: what evaluation measures as current
     learner.model.expand_classes(state.num_classes - learner.model.num_classes)  # a first head may already fit
     fraction = state.train_config.val_fraction  # --val-fraction: held out of new images and exemplars
     parts, held = selection.split([train.tensors(), learner.memory.tensors()], fraction, state.seed * 1000 + step)
@@ -83,7 +84,6 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
     metrics, network = _settle(learner, after_phases, result, train, test, balance, align_last, num_old,
                                measure_network=outside_network(cfg.inference) and not method.frozen_backbone)
     seconds = time.perf_counter() - start
-    state.tasks.append(task_record)
     state.history.append(StepRecord(step + 1, state.num_classes, metrics, network, [p.to_json() for p in result.phases],
                                     result.record, round(seconds, 2),
                                     dataclasses.asdict(state.train_config),  # this step's own settings
