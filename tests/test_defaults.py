@@ -179,3 +179,13 @@ def test_a_method_in_one_new_file_brings_its_options_plan_and_rules(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[1]}"})
     assert out.stdout.split("\n")[:3] == ["newone: How much the new method shrinks (default: 0.5).", "[2, 6, 6]", "False"]
+
+
+def test_the_inference_help_names_every_offered_rule_with_no_list_to_keep(monkeypatch):
+    from sbcli.methods.rules import RULES, rules_help
+    from sbcli.methods.rules.rule import InferenceRule
+
+    offered = [RULES.get(name) for name in RULES.names() if RULES.get(name).offered]
+    assert all(f"{r.name} ({r.summary})" in rules_help() for r in offered) and len(offered) >= 7
+    monkeypatch.setitem(RULES._items, "zzz-new", InferenceRule("zzz-new", "a rule added by one file", "card"))
+    assert "zzz-new (a rule added by one file)" in rules_help()  # registered is listed
