@@ -110,11 +110,13 @@ def average_incremental(overall: list[float], skip_first: bool = True) -> float:
 
 
 def forgetting(acc: np.ndarray) -> float:
-    """Mean over earlier tasks j of max_{t<T} acc[t, j] - acc[T, j]; NaN with one step."""
+    """Mean over earlier tasks j of max_{t<T} acc[t, j] - acc[T, j]; NaN with one step. A task with no value
+    at the last step (every class of it taken out by `sb forget`, or no test image of it) is left out."""
     last = acc.shape[0] - 1
     if last < 1:
         return float("nan")
-    drops = [np.nanmax(acc[:last, j]) - acc[last, j] for j in range(last) if not np.isnan(acc[:last, j]).all()]
+    drops = [np.nanmax(acc[:last, j]) - acc[last, j] for j in range(last)
+             if not np.isnan(acc[:last, j]).all() and not np.isnan(acc[last, j])]
     return float(np.mean(drops)) if drops else float("nan")
 
 

@@ -18,6 +18,12 @@ def test_forgetting_is_the_mean_drop_from_the_best_earlier_accuracy():
     assert math.isnan(summary([90.0], [[90.0]])["forgetting"])
 
 
+def test_forgetting_leaves_out_a_task_with_no_value_at_the_last_step():
+    nan = float("nan")  # task 1's classes all taken out at step 3 (sb forget): its column ends empty
+    acc = accuracy_matrix([[90.0], [80.0, 70.0], [nan, 65.0, nan]])
+    assert math.isclose(forgetting(acc), 70 - 65)
+
+
 def test_old_new_and_intra_accuracies():
     task_of_class = [0, 0, 1, 1]
     labels = torch.tensor([0, 1, 2, 3])
