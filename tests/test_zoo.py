@@ -166,7 +166,7 @@ build = "sb train --recipe demo-sb-tiny"
 
 @pytest.mark.parametrize(("name", "extra", "problem"), [
     ("x", 'location = "hub:a/b"', "names no revision"),
-    ("x", 'location = "ftp:a/b"', "use bundled:PATH, hub:OWNER/NAME, package:NAME or unpublished"),
+    ("x", 'location = "ftp:a/b"', "use bundled:PATH, hub:OWNER/NAME, package:NAME, build:PACKAGE or unpublished"),
     ("x", 'location = "package:efficientnet-lite0"', "holds a backbone only"),
     ("x", 'location = "unpublished"\nrevision = "main"', "is unpublished but lists"),
     ("x", 'location = "bundled:learners/x"', "lists no file hashes"),
