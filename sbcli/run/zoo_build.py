@@ -38,6 +38,18 @@ def needs_data(entry: ZooEntry) -> str:
             f"(e.g. {entry.data['file']}).")
 
 
+def _sameness(entry: ZooEntry, same: list[str]) -> str:
+    """How much of the build equals the zoo index's, bit for bit."""
+    differ = sorted(set(entry.files) - set(same))
+    if not differ:
+        return f"all {len(same)} of its files equal the zoo index's build bit for bit"
+    if all(name.endswith(".json") for name in differ):
+        return (f"{len(same)} of its {len(entry.files)} files, every tensor file among them, equal the zoo index's build "
+                f"bit for bit; {', '.join(differ)} record this build's own times")
+    return (f"{len(same)} of its {len(entry.files)} files equal the zoo index's build bit for bit (another CPU or "
+            "library version rounds the last bits differently; its history holds its own metrics)")
+
+
 def build_entry(entry: ZooEntry, index: ZooIndex, data: Path | None, target: Path, on_progress: WatcherLike = None) -> PullReport:
     """Learn ``entry`` from ``data`` by its recipe into ``target``.
 
@@ -73,9 +85,6 @@ def build_entry(entry: ZooEntry, index: ZooIndex, data: Path | None, target: Pat
     last = learner.state.history[-1].metrics.overall
     notes = [f"built from {subset.images} images in {seconds:.0f} s: the last step's accuracy is {last:.1f} % "
              f"(the zoo index measured {entry.metrics.get('last', float('nan')):.1f} %)",
-             f"{len(same)} of its {len(entry.files)} files equal the zoo index's build bit for bit"
-             + ("" if len(same) == len(entry.files) else
-                " (another CPU or library version rounds the last bits differently; its history holds its own metrics)"),
-             f"its data: {entry.licence}"]
+             _sameness(entry, same), f"its data: {entry.licence.rstrip('.')}"]
     return PullReport(target, f"zoo entry {entry.name} (built from {data} and the {entry.target} weight package)",
                       None, None, sorted(entry.files), same, False, notes, contents(learner))
