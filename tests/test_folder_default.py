@@ -79,3 +79,9 @@ def test_the_help_states_the_default_with_its_figures():
     text = " ".join(res.output.replace("│", " ").split())
     assert "`none` trains from scratch" in text and "efficientnet-lite0 under the ridge head" in text
     assert "68.5 % last on CIFAR-10 in 5 tasks" in text
+
+
+def test_the_ridge_head_on_a_weight_package_takes_no_projection_unless_one_is_asked(photos):
+    for settings, expected in (({}, 0), ({"pretrained": "efficientnet-lite1"}, 0), ({"projection": 2000}, 2000)):
+        _, run = api.options(str(photos), **settings)
+        assert run.method == "ranpac" and run.method_options["projection"] == expected, settings

@@ -9,6 +9,7 @@ index's built entries are checked against the real archives where they are prese
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import tomllib
 import zipfile
@@ -69,7 +70,8 @@ def _index(folder: Path, digest: str, **overrides) -> Path:
     """An index with one built entry (its recipe: the shipped one at 64 px) in ``folder``."""
     (folder / "recipes").mkdir(parents=True, exist_ok=True)
     recipe = (Path(__file__).resolve().parents[1] / "zoo" / "recipes" / "efficientnet-lite0-ridge.toml").read_text()
-    recipe = recipe.replace("projection = 2000", "projection = 256")  # small sums: a small learner to push
+    recipe = re.sub(r"(?m)^projection = \d+$", "projection = 256", recipe)  # small sums: a small learner to push
+    assert "projection = 256" in recipe
     (folder / "recipes" / "lite0-64.toml").write_text(recipe + "image_size = 64\n")
     entry = {"description": "four CIFAR-10 classes in two tasks", "dataset": "CIFAR-10; four classes",
              "class_order": json.dumps(CLASSES), "tasks": "[2, 2]", "method": '"ranpac"', "inference": '"ridge"',

@@ -251,6 +251,20 @@ def _pretrained_method(o: dict, given: dict) -> None:
         o["method"] = PRETRAINED_METHOD
 
 
+# The ridge head on a weight package's ImageNet features (1,280 of them for EfficientNet-Lite0) without a random
+# projection: it matched or led the projection of 2,000 on CIFAR-10 (3 seeds) and Tiny-ImageNet-100, at half the
+# step time and a Gram matrix of 1,280^2 instead of 2,000^2 (docs/lab/benchmarks.md, "On a real ImageNet backbone").
+PACKAGE_PROJECTION = 0
+
+
+def _package_projection(o: dict) -> None:
+    """``--method ranpac`` on a weight package's backbone: :data:`PACKAGE_PROJECTION` unless a projection is set."""
+    from sbcli.hub.weight_packages import is_package
+
+    if o.get("method") == PRETRAINED_METHOD and is_package(o.get("pretrained")) and o.get("projection") is None:
+        o["projection"] = PACKAGE_PROJECTION
+
+
 LOW_LR_NO_WARMUP = 0.05  # in `sb train`, a default warm-up runs only at --lr 0.05 and above
 
 
@@ -303,6 +317,7 @@ def build_options(given: dict, defaults: dict | None = None) -> tuple[SequenceOp
     _pretrained_learner(o, given)
     _pretrained_package(o, given)
     _pretrained_method(o, given)
+    _package_projection(o)
     _frozen_backbone(o, given)
     _own_data_rules(o, given, own=defaults is None and kind_of(o.get("source")) != "paper")
     method_options = {k: o.get(k) for k in sorted(method_keys())}
