@@ -42,6 +42,7 @@ def test_a_folder_starts_from_efficientnet_lite0_under_the_ridge_head(photos):
     ({"method": "std"}, ("std", None)),  # a trained method trains its own network
     ({"method": "sb"}, ("sb", None)),
     ({"arch": "resnet32"}, ("std", None)),  # an architecture asked: that network, from scratch
+    ({"inference": "icarl"}, ("std", None)),  # a trained method's inference rule: STD, from scratch
     ({"pretrained": "random"}, ("std", "random")),
 ])
 def test_what_is_asked_keeps_the_folder_off_the_default_backbone(photos, settings, expected):

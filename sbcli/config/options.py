@@ -213,6 +213,7 @@ def _folder_backbone(o: dict, given: dict, own: bool) -> None:
     method = given.get("method")
     if (none or not own or given.get("pretrained") or given.get("recipe") or given.get("arch") or o.get("pretrained")
             or (method is not None and (method not in METHODS.names() or not METHODS.get(method).frozen_backbone))
+            or given.get("inference") not in (None, *METHODS.get(PRETRAINED_METHOD).inferences)  # a trained method's rule
             or not is_class_folders(o.get("source")) or o.get("source") == OWN_FOLDER or _resumes_from_scratch(given)):
         return
     try:
