@@ -148,12 +148,13 @@ def task_folders(train: Path, test: Path, order: list[str], per_task: int, tasks
 
 
 def scratch_path(train: Path, test: Path, order: list[str], per_task: int, tasks: int, work: Path) -> dict:
-    """`sb train FOLDER`'s folder default (STD + WA from scratch, its own resolution and epochs) over the same tasks:
+    """`sb train FOLDER --pretrained none` (STD + WA from scratch, the folder default before EfficientNet-Lite0, its own resolution and epochs) over the same tasks:
     task 1 by ``api.train``, the others by ``api.add_task``; per-step accuracy and each add-task's seconds."""
     from sbcli import api
 
     folders = task_folders(train, test, order, per_task, tasks, work / "folders")
-    seq, run = api.options(str(folders[0, "train"]), test=str(folders[0, "test"]), tasks=1, order_seed=-1, device="cpu")
+    seq, run = api.options(str(folders[0, "train"]), test=str(folders[0, "test"]), tasks=1, order_seed=-1, device="cpu",
+                           pretrained="none")
     learner = api.train(seq, run, work / "scratch")
     curve = [learner.state.history[-1].metrics.overall]
     seconds = []

@@ -41,7 +41,7 @@ def ddp_check(run: Runner, work: Path, train: Path, test: Path, nproc: int, devi
     (t1, t1_test), (t3, t3_test) = task_folders(train, test, work / "ddp-data")  # 2 tasks of 2, then 2 more
     out = work / "ddp-learner"
     shutil.rmtree(out, ignore_errors=True)
-    small = ["--epochs", "1", "--batch-size", "64", "--width", "0.25", "--memory", "40", "--device", device]
+    small = ["--pretrained", "none", "--epochs", "1", "--batch-size", "64", "--width", "0.25", "--memory", "40", "--device", device]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", "-m", "sbcli",
            "train", str(t1), "--test", str(t1_test), "--tasks", "2", "--out", str(out), *small]
     code, output, seconds = run(cmd, timeout / 2)

@@ -157,7 +157,7 @@ def job(config: str, variant: str, seed: int, data_dir: Path, runs: Path, dry: b
     epochs = DRY_EPOCHS if dry else cfg.epochs
     options = [o.replace("{sb_phases}", sb_phases(epochs)) for o in VARIANTS[variant]]
     out = runs / f"{config}-{variant}-s{seed}"
-    args = ["train", str(data_dir / "train"), "--test", str(data_dir / "test"), "--out", str(out), "--json", "--quiet",
+    args = ["train", str(data_dir / "train"), "--test", str(data_dir / "test"), "--pretrained", "none", "--out", str(out), "--json", "--quiet",
             "--device", "auto", "--tasks", str(cfg.tasks), "--epochs", str(epochs), *cfg.options, *options,
             "--seed", str(seed)]
     return Job(out.name, config, args, out, info={"config": config, "variant": variant, "seed": seed,

@@ -68,7 +68,9 @@ class Default:
 
 # The table. A value changes here and nowhere else (the help follows).
 DEFAULTS: dict[str, Default] = {
-    # what runs: STD + WA for a folder (at the same epochs a step S&B + WA was 7 points behind on held-out classes, 3 seeds)
+    # what runs. A folder's column is its run from scratch (--pretrained none): STD + WA (at the same epochs a step
+    # S&B + WA was 7 points behind on held-out classes, 3 seeds). With no backbone, method or recipe asked, a folder
+    # starts from EfficientNet-Lite0 under the ridge head instead (sbcli.config.options, FOLDER_BACKBONE).
     "method": Default("sb", folder="std"),
     "arch": Default("resnet18"),
     "width": Default(1.0, demo=0.25),

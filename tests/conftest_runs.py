@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-SMALL = ["--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu",
+SMALL = ["--pretrained", "none", "--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu",
          "--image-size", "16", "--precision", "fp32"]
 LOGS = [kind for kind in ("tensorboard", "mlflow") if importlib.util.find_spec(kind) is not None]
 

@@ -51,5 +51,5 @@ def test_a_learner_of_a_single_class_is_refused(monkeypatch, tmp_path: Path):
     with pytest.raises(ConfigError, match="a single class; a classifier needs at least two"):
         api.train(api.SequenceOptions(source=str(one), image_size=16), run, tmp_path / "out")
     assert not (tmp_path / "out").exists()
-    res = runner.invoke(app, ["train", str(one), "--out", str(tmp_path / "cli"), "--device", "cpu"])
+    res = runner.invoke(app, ["train", str(one), "--pretrained", "none", "--out", str(tmp_path / "cli"), "--device", "cpu"])
     assert res.exit_code == 1 and "a single class" in res.stderr and not (tmp_path / "cli").exists()

@@ -85,7 +85,7 @@ def test_the_cli_takes_them_and_refuses_a_negative_one_before_any_work(tmp_path:
     from sbcli.cli.app import app
 
     out = tmp_path / "l"
-    result = CliRunner().invoke(app, ["train", str(four_colors["train"]), "--test", str(four_colors["test"]), "--out",
+    result = CliRunner().invoke(app, ["train", str(four_colors["train"]), "--pretrained", "none", "--test", str(four_colors["test"]), "--out",
                                       str(out), "--balance-epochs", "-2", "--quiet"])
     assert result.exit_code != 0 and "--balance-epochs must not be negative" in result.output
     assert not out.exists()
@@ -178,7 +178,7 @@ def test_balancing_before_aligning_is_refused_where_there_is_no_balancing_or_no_
     from sbcli.cli.app import app
 
     out = tmp_path / "l"
-    done = CliRunner().invoke(app, ["train", str(four_colors["train"]), "--out", str(out), "--balance-before-wa",
+    done = CliRunner().invoke(app, ["train", str(four_colors["train"]), "--pretrained", "none", "--out", str(out), "--balance-before-wa",
                                     "--balance-epochs", "2", *extra, "--quiet"])
     assert done.exit_code != 0 and "--balance-before-wa" in done.output and "Traceback" not in done.output
     assert not out.exists()

@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from sbcli.cli.app import app
 
 runner = CliRunner()
-SMALL = ["--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu", "--image-size", "16"]
+SMALL = ["--pretrained", "none", "--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu", "--image-size", "16"]
 
 
 def invoke(*args: str):

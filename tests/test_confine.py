@@ -47,7 +47,7 @@ def every_command(learner: Path, color_data: dict[str, Path], tmp_path: Path) ->
         ["rollback", str(learner), "1"],
         ["export", str(learner), "-o", str(tmp_path / "out.onnx")],
         ["predict", str(learner), str(color_data["task1_test"] / "red"), "--device", "cpu"],
-        ["train", str(color_data["task1_train"]), "--test", str(color_data["task1_test"]), "--out", str(learner),
+        ["train", str(color_data["task1_train"]), "--pretrained", "none", "--test", str(color_data["task1_test"]), "--out", str(learner),
          "--resume", "--epochs", "1", "--width", "0.125", "--image-size", "16", "--device", "cpu"],
     ]
 
@@ -101,7 +101,7 @@ def test_a_new_learner_never_deletes_through_a_leftover_steps_link(color_data, t
     out.mkdir()
     (out / "steps").symlink_to(victim, target_is_directory=True)  # looks like what an interrupted first save leaves
     before = tree(victim)
-    refused(["train", str(color_data["task1_train"]), "--test", str(color_data["task1_test"]), "--out", str(out),
+    refused(["train", str(color_data["task1_train"]), "--pretrained", "none", "--test", str(color_data["task1_test"]), "--out", str(out),
              "--epochs", "1", "--width", "0.125", "--image-size", "16", "--device", "cpu"], out, "symbolic link, steps")
     assert tree(victim) == before
 

@@ -51,7 +51,9 @@ def per_source(statement: str, command: str) -> dict[str, str]:
 
 def used(command: str, source: str | None) -> dict:
     """Every setting a run of ``command`` on ``source`` uses when no option is given."""
-    given = {"source": source, "recipe": None}
+    # a folder's column is its run from scratch; with no backbone asked it starts from EfficientNet-Lite0 instead
+    # (the --pretrained help; tests/test_folder_default.py)
+    given = {"source": source, "recipe": None, "pretrained": "none" if command == "train" and source == "photos" else None}
     defaults = None if command == "train" else {k: v for k, v in bench_defaults(source).items() if k != "tasks"}
     seq, run, _ = build_options(given, defaults)
     values = {**dataclasses.asdict(build_config(run.method, run.method_options)), **dataclasses.asdict(run.train),

@@ -25,7 +25,7 @@ from sbcli.engine.loop import Engine, Phase, TrainConfig
 from sbcli.errors import ConfigError, DataError, LearnerError, TrainingError
 
 runner = CliRunner()
-SMALL = ["--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu", "--image-size", "16"]
+SMALL = ["--pretrained", "none", "--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu", "--image-size", "16"]
 
 
 @pytest.mark.parametrize(("err", "words"), [

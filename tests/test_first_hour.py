@@ -87,7 +87,7 @@ def test_train_and_add_task_say_what_they_will_do_before_the_first_epoch(color_d
     learner = tmp_path / "learner"
     small = ["--epochs", "1", "--width", "0.125", "--batch-size", "16", "--memory", "8", "--device", "cpu",
              "--precision", "fp32", "--method", "std"]
-    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--test", str(color_data["task1_test"]),
+    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--pretrained", "none", "--test", str(color_data["task1_test"]),
                               "--out", str(learner), "--image-size", "24", *small])
     assert res.exit_code == 0, res.output
     lines = res.stderr.splitlines()

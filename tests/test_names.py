@@ -86,7 +86,7 @@ def test_a_class_folder_that_is_not_utf8_works_end_to_end(fake_hub: FakeHub, tmp
         os.rename(data / "t2" / split / "blue", os.fsdecode(os.fsencode(data / "t2" / split) + b"/na\xefve \xff"))
     learner = tmp_path / "learner"
     small = ["--epochs", "1", "--device", "cpu"]
-    res = runner.invoke(app, ["train", str(data / "t1/train"), "--test", str(data / "t1/test"), "--out", str(learner),
+    res = runner.invoke(app, ["train", str(data / "t1/train"), "--pretrained", "none", "--test", str(data / "t1/test"), "--out", str(learner),
                               "--width", "0.125", "--image-size", "16", "--memory", "8", *small])
     assert res.exit_code == 0, res.output
     res = runner.invoke(app, ["add-task", str(learner), str(data / "t2/train"), "--test", str(data / "t2/test"), *small])

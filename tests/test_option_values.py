@@ -109,7 +109,7 @@ def test_every_numeric_option_of_train(flag, kind, color_data, tmp_path, monkeyp
         stop_at_plan(monkeypatch, "sequence", accepted)
         out = tmp_path / "out"
         shutil.rmtree(out, ignore_errors=True)
-        res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(out), "--device", "cpu",
+        res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--pretrained", "none", "--out", str(out), "--device", "cpu",
                                   "--quiet", *fixed, flag, value])
         one_sentence_or_accepted(res, accepted)
         if accepted:
@@ -206,7 +206,7 @@ def test_rollbacks_step_argument(value, one_task_learner, tmp_path_factory):
                                     ["--threads", "5000"], ["--threads", "100000"], ["--order-seed", "-5"]])
 def test_the_probes_train_options_are_one_sentence_before_any_work(option, color_data, tmp_path):
     out = tmp_path / "out"
-    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(out), "--device", "cpu", *option])
+    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--pretrained", "none", "--out", str(out), "--device", "cpu", *option])
     one_sentence_or_accepted(res, [])
     assert option[-2] in res.stderr and not out.exists()
 
@@ -215,7 +215,7 @@ def test_threads_are_bounded_by_the_machines_cores(color_data, tmp_path, monkeyp
     from sbcli.engine import device
 
     monkeypatch.setattr(device, "cpu_cores", lambda: 4)
-    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(tmp_path / "o"), "--threads", "5"])
+    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--pretrained", "none", "--out", str(tmp_path / "o"), "--threads", "5"])
     one_sentence_or_accepted(res, [])
     assert "outside 1..4, the CPU cores this machine has" in " ".join(res.stderr.split())
 

@@ -19,7 +19,7 @@ BENCHMARKS = REPO / "benchmarks"
 
 
 def _opts(**given):
-    _, run, _ = build_options({"source": "./photos", **given})
+    _, run, _ = build_options({"source": "./photos", "pretrained": "none", **given})  # a folder from scratch
     return run, {k: v for k, v in run.method_options.items() if v is not None}
 
 

@@ -148,7 +148,7 @@ def test_the_onnx_export_is_the_ridge_head(grown, tmp_path):
 
 
 def test_a_frozen_backbone_is_never_silently_random(color_data, tmp_path):
-    args = ["train", str(color_data["task1_train"]), "--out", str(tmp_path / "x"), "--device", "cpu", "--width", "0.125"]
+    args = ["train", str(color_data["task1_train"]), "--pretrained", "none", "--out", str(tmp_path / "x"), "--device", "cpu", "--width", "0.125"]
     for method in ("ranpac", "simplecil"):
         res = runner.invoke(app, [*args, "--method", method])
         assert res.exit_code == 1 and "random network" in res.stderr and "--pretrained random" in res.stderr, res.output

@@ -179,7 +179,7 @@ def test_a_timm_model_from_the_hub_is_resized_normalised_and_recorded(color_data
 ])
 def test_refusals_are_one_sentence_before_any_work(color_data, tmp_path, args, says):
     out = tmp_path / "never"
-    result = CliRunner().invoke(app, ["train", str(color_data["task1_train"]), "--out", str(out), *args])
+    result = CliRunner().invoke(app, ["train", str(color_data["task1_train"]), "--pretrained", "none", "--out", str(out), *args])
     assert result.exit_code != 0 and says in " ".join(result.output.split()), result.output
     assert "Traceback" not in result.output and not out.exists()
 

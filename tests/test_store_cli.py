@@ -15,7 +15,7 @@ from sbcli.cli.app import app
 from sbcli.learner.store.lock import writer_lock
 
 runner = CliRunner()
-SMALL = ["--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu", "--image-size", "16"]
+SMALL = ["--pretrained", "none", "--width", "0.125", "--epochs", "1", "--batch-size", "16", "--memory", "8", "--device", "cpu", "--image-size", "16"]
 
 
 def invoke(*args):

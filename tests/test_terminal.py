@@ -57,11 +57,11 @@ def test_each_new_run_gets_the_next_free_folder(grown_run, color_data, monkeypat
     real_train = api.train
     monkeypatch.setattr("sbcli.api.train", fake_train)
     for expected in ("runs/train-2", "runs/train-3"):
-        res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--device", "cpu", "--json"])
+        res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--pretrained", "none", "--device", "cpu", "--json"])
         assert res.exit_code == 0, res.output
         assert json.loads(res.stdout)["learner"] == expected and wrote[-1] == Path(expected)
     monkeypatch.setattr("sbcli.api.train", real_train)
-    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", "runs/train", "--device", "cpu"])
+    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--pretrained", "none", "--out", "runs/train", "--device", "cpu"])
     assert res.exit_code == 1 and "already holds a learner" in " ".join(res.stderr.split())  # --out keeps refusing
 
 
@@ -248,8 +248,8 @@ def test_mlflow_log_holds_the_learners_history(grown_run, monkeypatch):
 
 def test_an_unknown_log_or_a_missing_extra_is_refused_before_any_work(color_data, tmp_path, monkeypatch):
     out = tmp_path / "never"
-    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(out), "--log", "wandb"])
+    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--pretrained", "none", "--out", str(out), "--log", "wandb"])
     assert res.exit_code == 1 and "--log wandb is unknown" in res.stderr and not out.exists()
     monkeypatch.setattr("sbcli.watch.logs.importlib", SimpleNamespace(util=SimpleNamespace(find_spec=lambda name: None)))
-    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--out", str(out), "--log", "mlflow"])
+    res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--pretrained", "none", "--out", str(out), "--log", "mlflow"])
     assert res.exit_code == 1 and 'pip install "sbcli[mlflow]"' in res.stderr and not out.exists()

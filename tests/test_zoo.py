@@ -45,6 +45,10 @@ def test_every_entry_names_the_recipe_its_build_command_uses(entry: ZooEntry) ->
     path = INDEX.recipe_path(entry)
     recipe = tomllib.loads(path.read_text())
     assert recipe["method"] == entry.method
+    if entry.kind == "build":  # learned by `sb pull NAME --data FILE` on the backbone's recipe (tests/test_zoo_build.py)
+        assert entry.network == recipe["arch"] and recipe["pretrained"] == entry.target
+        assert shlex.split(entry.build)[:4] == ["sb", "pull", entry.name, "--data"]
+        return
     if entry.holds == "learner":  # a backbone's network is its weights' architecture (tests/test_backbone_learner.py)
         assert entry.network == f"{recipe.get('arch', 'resnet18')} x{recipe['width']}"
         assert recipe["tasks"] == len(entry.tasks)
@@ -143,7 +147,7 @@ def test_list_shows_every_entry_and_where_it_lives() -> None:
     res = runner.invoke(app, ["pull", "--list", "--json"])
     listed = json.loads(res.stdout)
     assert [e["name"] for e in listed] == [e.name for e in ENTRIES]
-    assert {e["kind"] for e in listed} <= {"bundled", "hub", "package", "unpublished"}
+    assert {e["kind"] for e in listed} <= {"bundled", "hub", "package", "build", "unpublished"}
     res = runner.invoke(app, ["pull"])
     assert res.exit_code == 2 and "--list" in res.output
 
@@ -166,7 +170,7 @@ build = "sb train --recipe demo-sb-tiny"
 
 @pytest.mark.parametrize(("name", "extra", "problem"), [
     ("x", 'location = "hub:a/b"', "names no revision"),
-    ("x", 'location = "ftp:a/b"', "use bundled:PATH, hub:OWNER/NAME, package:NAME or unpublished"),
+    ("x", 'location = "ftp:a/b"', "use bundled:PATH, hub:OWNER/NAME, package:NAME, build:PACKAGE or unpublished"),
     ("x", 'location = "package:efficientnet-lite0"', "holds a backbone only"),
     ("x", 'location = "unpublished"\nrevision = "main"', "is unpublished but lists"),
     ("x", 'location = "bundled:learners/x"', "lists no file hashes"),

@@ -75,14 +75,25 @@ def push(learner_dir: Path, repo_id: str, *, with_memory: bool = False, private:
 
 
 def pull(ref: str, out: Path | None = None, *, index: Path | None = None, offline: bool = False,
-         timeout: float = 10.0, token: str | None = None, endpoint: str | None = None) -> Any:
+         timeout: float = 10.0, token: str | None = None, endpoint: str | None = None, data: Path | None = None,
+         on_progress: Any = None) -> Any:
     """Fetch a zoo entry or ``OWNER/NAME[@REVISION]`` into ``out``, verified; returns a PullReport. A backbone
-    entry becomes a learner with no classes yet (:func:`sbcli.run.start.pull_backbone`)."""
+    entry becomes a learner with no classes yet (:func:`sbcli.run.start.pull_backbone`); an entry built on this
+    machine is learned from ``data`` by its recipe (:func:`sbcli.run.zoo_build.build_entry`)."""
     from sbcli.hub.client import HubConfig
-    from sbcli.hub.pull import backbone_entry, default_target, parse_ref
+    from sbcli.hub.pull import backbone_entry, built_entry, default_target, parse_ref
     from sbcli.hub.pull import pull as pull_learner
 
     cfg = HubConfig(endpoint=endpoint, token=token, timeout=timeout, offline=offline)
+    built = built_entry(ref, index)
+    if built is not None:
+        from sbcli.run.zoo_build import build_entry  # learned here from the weight package and the user's data
+
+        return build_entry(*built, Path(data) if data is not None else None,
+                           Path(out) if out is not None else default_target(parse_ref(ref)), on_progress)
+    if data is not None:
+        raise ConfigError(f"--data is for a zoo entry that is built on this machine (sb pull --list); {ref} is "
+                          "downloaded or installed as it is: drop --data.")
     backbone = backbone_entry(ref, index)
     if backbone is None:
         return pull_learner(ref, out, index=index, cfg=cfg)

@@ -25,6 +25,8 @@ EPILOG = """Examples:
   sb add-task mine photos/train --test photos/test  # learns yours in one pass
 
   sb pull user/my-learner@step-2 -o step2           # a Hub repository at a task step
+
+  sb pull cifar10-lite0-ridge-5 --data cifar10.zip -o c10   # built here, offline, from your copy of its data
 """
 
 
@@ -57,6 +59,7 @@ def pull(
     ref: Annotated[Optional[str], typer.Argument(help="A zoo name (see --list) or OWNER/NAME on the Hub, with an optional @REVISION (e.g. @step-2).", show_default=False)] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Learner directory to create (default: ./NAME or ./NAME-REVISION).", rich_help_panel=OUT, show_default=False)] = None,
     list_: Annotated[bool, typer.Option("--list", help="Show the zoo and exit.", rich_help_panel=OUT)] = False,
+    data: Annotated[Optional[Path], typer.Option("--data", help="For a zoo entry built on this machine (where: build): a zip file or folder of its data; the entry's images are checked by SHA-256 before it learns them.", show_default=False)] = None,
     index: Annotated[Optional[Path], typer.Option("--index", help="Another zoo index file (default: the one bundled with sbcli).", show_default=False)] = None,
     offline: Annotated[bool, typer.Option("--offline", help="Use only the local cache (as HF_HUB_OFFLINE=1 does).", rich_help_panel=HUB)] = False,
     timeout: Annotated[float, typer.Option("--timeout", help="Seconds to wait for the Hub before using the cache.", rich_help_panel=HUB)] = 10.0,
@@ -79,7 +82,16 @@ def pull(
         from huggingface_hub.utils import disable_progress_bars  # its own download bars on stderr
 
         disable_progress_bars()
-    report = api.pull(ref, out, index=index, offline=offline, timeout=timeout, token=token)
+    if data is None:
+        report = api.pull(ref, out, index=index, offline=offline, timeout=timeout, token=token)
+    else:
+        from sbcli.cli import progress
+
+        reporter = progress.reporter(quiet, every=None)
+        with reporter:
+            reporter.note(f"Building {plain(ref)} from {plain(data)}")
+            report = api.pull(ref, out, index=index, offline=offline, timeout=timeout, token=token, data=data,
+                              on_progress=[reporter])
 
     def show() -> None:
         if quiet:

@@ -33,6 +33,15 @@ class Opened:
     skipped: int = 0
 
 
+def is_class_folders(source: str | None) -> bool:
+    """Whether ``sb train SOURCE`` reads ``source`` as a class-per-folder directory (not the demo, a benchmark by
+    name, a zip or a Tiny-ImageNet folder; a path that does not exist counts, and is refused when it is read)."""
+    if source in (None, "demo", "cifar10", "cifar100", "tiny-imagenet"):
+        return False
+    path = Path(source).expanduser()
+    return not (path.suffix == ".zip" or (path / "wnids.txt").is_file())
+
+
 def resolve_spec(source: str | None, *, test: str | None, image_size: int | None, data_root: str | None,
                  download: bool) -> dict:
     """Turn what the user typed into a source spec (no decoding yet)."""

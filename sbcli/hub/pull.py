@@ -110,8 +110,14 @@ def _unpublished(index: ZooIndex, entry: ZooEntry, revision: str | None, cfg: Hu
                       f"({index.recipe_path(entry).name}): {entry.build}")
 
 
+def _built(index: ZooIndex, entry: ZooEntry, revision: str | None, cfg: HubConfig) -> Source:
+    del index, revision, cfg
+    raise ConfigError(f"Zoo entry {entry.name} is built on this machine: `sb pull {entry.name} --data FILE` learns it.")
+
+
 FETCHERS: dict[str, Callable[[ZooIndex, ZooEntry, str | None, HubConfig], Source]] = {
     "bundled": _bundled,
+    "build": _built,
     "hub": _from_hub,
     "unpublished": _unpublished,
 }
@@ -244,6 +250,21 @@ def backbone_entry(ref: str, index: Path | None = None) -> tuple[ZooEntry, ZooIn
     zoo_index = load_index(index)
     entry = zoo_index.get(parsed.name)
     return (entry, zoo_index) if entry.holds == "backbone" else None
+
+
+def built_entry(ref: str, index: Path | None = None) -> tuple[ZooEntry, ZooIndex] | None:
+    """The zoo's entry built on this machine that ``ref`` names, with its index; None for anything else
+    (:func:`sbcli.run.zoo_build.build_entry` learns it). A revision is refused: a build has none."""
+    parsed = parse_ref(ref)
+    if parsed.is_repo:
+        return None
+    zoo_index = load_index(index)
+    entry = zoo_index.get(parsed.name)
+    if entry.kind != "build":
+        return None
+    if parsed.revision is not None:
+        raise ConfigError(f"Zoo entry {entry.name} is built on this machine and has no revisions; drop '@{parsed.revision}'.")
+    return entry, zoo_index
 
 
 def pull(ref: str, out: Path | None = None, *, index: Path | None = None, cfg: HubConfig | None = None) -> PullReport:

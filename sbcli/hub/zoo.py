@@ -39,7 +39,8 @@ ZOO_DIRS = (Path(__file__).resolve().parents[1] / "_zoo", Path(__file__).resolve
 INDEX_FILE = "index.toml"
 INDEX_FORMAT = 1
 NAME = re.compile(r"[a-z0-9][a-z0-9._-]*")
-KINDS = ("bundled", "hub", "package", "unpublished")
+KINDS = ("bundled", "hub", "package", "build", "unpublished")
+DATA_KEYS = {"file", "sha256", "per_class", "test_per_class"}  # a built entry's ``data`` table
 HOLDS = ("learner", "backbone")
 BACKBONE_FILE = "model.safetensors"  # what a backbone entry's repository holds (sbcli.hub.pretrained.SAFETENSORS)
 
@@ -64,6 +65,8 @@ class ZooEntry:
     files: dict[str, str] = field(default_factory=dict)  # file name -> sha256 hex
     metrics: dict[str, Any] = field(default_factory=dict)
     holds: str = "learner"  # or "backbone": weights that `sb pull` makes into a learner with no classes yet
+    licence: str = ""  # the terms of the data it learned from
+    data: dict[str, Any] = field(default_factory=dict)  # a built entry's subset: file, sha256, per_class, test_per_class
 
     @property
     def kind(self) -> str:
@@ -83,7 +86,8 @@ class ZooEntry:
                 "location": self.location, "revision": self.revision, "classes": self.num_classes,
                 "tasks": self.tasks, "method": self.method, "inference": self.inference, "network": self.network,
                 "image_size": self.image_size, "recipe": self.recipe, "build": self.build,
-                "class_order": self.class_order, "files": self.files, "metrics": self.metrics, "holds": self.holds}
+                "class_order": self.class_order, "files": self.files, "metrics": self.metrics, "holds": self.holds,
+                "licence": self.licence, "data": self.data}
 
 
 @dataclass(frozen=True)
@@ -154,13 +158,15 @@ def parse_entry(name: str, table: dict[str, Any], path: Path) -> ZooEntry:
 def _entry_problem(entry: ZooEntry) -> str:
     """Why an entry is inconsistent, or "" when it is fine."""
     if entry.kind not in KINDS:
-        return f"has location '{entry.location}'; use bundled:PATH, hub:OWNER/NAME, package:NAME or unpublished"
+        return f"has location '{entry.location}'; use bundled:PATH, hub:OWNER/NAME, package:NAME, build:PACKAGE or unpublished"
     if entry.holds not in HOLDS:
         return f"holds '{entry.holds}'; use {' or '.join(HOLDS)}"
     if entry.holds == "backbone" and entry.kind == "package":
         return _package_problem(entry)
     if entry.kind == "package":
         return "lives in a weight package, which holds a backbone only; add holds = \"backbone\""
+    if entry.kind == "build" and _build_problem(entry):
+        return _build_problem(entry)
     if entry.holds == "backbone" and (entry.kind != "hub" or set(entry.files) != {BACKBONE_FILE} or entry.tasks):
         return (f"holds a backbone, which must be on the Hub at a revision with the SHA-256 of its {BACKBONE_FILE} "
                 "alone (or in a weight package: package:NAME), and no tasks")
@@ -195,6 +201,27 @@ def _package_problem(entry: ZooEntry) -> str:
     if entry.files != {Path(pkg.file).name: pkg.sha256} or entry.tasks or entry.revision:
         return (f"holds {pkg.name}'s backbone, which must list its weights file {Path(pkg.file).name} with the "
                 "SHA-256 sbcli pins, no revision and no tasks")
+    return ""
+
+
+def _build_problem(entry: ZooEntry) -> str:
+    """Why an entry built from a weight package and data is inconsistent, or "" when it is fine."""
+    from sbcli.hub.weight_packages import PACKAGES
+
+    data = entry.data
+    if entry.holds != "learner" or entry.target not in PACKAGES or entry.revision:
+        return f"is built on a weight package: use build:{' or build:'.join(PACKAGES)}, no revision, holds a learner"
+    if set(data) != DATA_KEYS or not all(isinstance(data[k], int) and data[k] > 0 for k in ("per_class", "test_per_class")):
+        return f"is built from data but its data table is not {{{', '.join(sorted(DATA_KEYS))}}} with counts above 0"
+    if not isinstance(data["sha256"], str) or not re.fullmatch(r"[0-9a-f]{64}", data["sha256"]):
+        return "has a data sha256 that is not a SHA-256 hex digest"
+    if not entry.licence:
+        return "is built from data but states no licence for it"
+    if not isinstance(entry.class_order, list) or not all(isinstance(c, str) and is_safe_name(c) and "/" not in c
+                                                          for c in entry.class_order):
+        return "is built from data but does not list its class names (plain folder names) in class_order"
+    if not entry.files or not entry.tasks:
+        return "is built from data but lists no tasks or no file hashes of its build"
     return ""
 
 
