@@ -153,6 +153,16 @@ def features(args: argparse.Namespace, work: Path) -> dict:
     return out
 
 
+def saved_features(path: Path) -> dict:
+    """The features ``benchmarks/efficientnet_lite.py --features FILE`` kept (its keys renamed to this script's)."""
+    from safetensors.torch import load_file
+
+    kept = load_file(str(path))
+    meta = json.loads(path.with_suffix(".json").read_text())
+    return {"train": kept["train"], "test": kept["test"], "train_labels": kept["train_y"],
+            "test_labels": kept["test_y"], "classes": meta["classes"]}
+
+
 def grow_ranpac(feats: dict, order: list[int], tasks: int, head: str, projection: int, seed: int) -> list[dict]:
     import torch
 
@@ -220,21 +230,24 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "sbcli-closed-form-heads")
     parser.add_argument("--tag", default="", help="a word the rows carry, e.g. which sbcli they ran on (shown after the head)")
+    parser.add_argument("--features", type=Path, help="a features file of benchmarks/efficientnet_lite.py --features "
+                        "(every image's features on EfficientNet-Lite0, by sb add-task's own pass): no backbone run here")
     parser.add_argument("--report", type=Path, help="print the tables of a JSON-lines file of earlier runs and exit")
     args = parser.parse_args()
     if args.report:
         report(args.report)
         return
-    if args.pretrained is None and args.data is None:
+    if args.pretrained is None and args.data is None and args.features is None:
         parser.error("give --pretrained REF, or --data tiny-imagenet-100-32px.zip for the self-trained backbone")
     import torch
 
     torch.set_num_threads(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    feats = features(args, args.work)
-    grow = "tiny-imagenet-100 (other 50)" if args.grow == "tiny" else Path(args.grow).name
-    backbone = args.pretrained or "self-trained resnet18 x0.25"
+    feats = features(args, args.work) if args.features is None else saved_features(args.features)
+    grow = ("tiny-imagenet-100 (other 50)" if args.grow == "tiny" else Path(args.grow).name) if args.features is None \
+        else args.features.name
+    backbone = args.pretrained or ("efficientnet-lite0" if args.features else "self-trained resnet18 x0.25")
     print(f"features: {len(feats['train'])} train, {len(feats['test'])} test, D={feats['train'].shape[1]}, "
           f"{time.perf_counter() - start:.0f} s", file=sys.stderr)
     for seed in args.seeds:

@@ -172,7 +172,7 @@ def test_a_timm_model_from_the_hub_is_resized_normalised_and_recorded(color_data
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--method", "sb", "--arch", "timm/resnet18.a1_in1k"], "only frozen-backbone methods"),
+    (["--method", "sb", "--arch", "timm/resnet18.a1_in1k"], "trains the partition of sbcli's own ResNets"),
     (["--method", "simplecil", "--balance-epochs", "2"], "does not go with --method simplecil"),
     (["--method", "simplecil", "--inference", "wa"], "cosine similarity"),
     (["--method", "simplecil", "--adapt-epochs", "-1"], "--adapt-epochs -1"),

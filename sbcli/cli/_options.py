@@ -47,7 +47,7 @@ RUN_OPTIONS: dict[str, RunOption] = {
     "data_root": _opt("--data-root", Optional[str], "Where cifar10/cifar100 live (torchvision layout) or the Tiny-ImageNet dir/zip.", DATA),
     "download": _opt("--download", bool, "Let torchvision download CIFAR into --data-root.", DATA, default=False),
     "order_seed": _opt("--order-seed", Optional[int], "Class order seed: 0 as in the S&B code, 1993 as in iCaRL/PyCIL, -1 keeps the dataset's order.", DATA),
-    "arch": _opt("--arch", Optional[str], "resnet18, resnet32 (CIFAR-style, 32-64 px), resnet18-in or resnet34-in (ImageNet-style, for photos at --image-size 128 or 224); with --method simplecil and the timm extra, timm/NAME (any timm architecture, its Hub weights, resolution and statistics)."),
+    "arch": _opt("--arch", Optional[str], "resnet18, resnet32 (CIFAR-style, 32-64 px), resnet18-in or resnet34-in (ImageNet-style, for photos at --image-size 128 or 224); with the timm extra, timm/NAME (any timm architecture, its Hub weights, resolution and statistics) for --method ranpac and simplecil (frozen) or std and finetune (trained whole)."),
     "width": _opt("--width", Optional[float], "Width multiplier (the paper's network: 1)."),
     "epochs": _opt("--epochs", Optional[int], "Epochs of every phase."),
     "batch_size": _opt("--batch-size", Optional[int], "Batch size."),

@@ -144,7 +144,7 @@ def merge(given: dict, defaults: dict) -> dict:
 
 def _frozen_backbone(o: dict, given: dict) -> None:
     """A method's own run defaults (SimpleCIL: no exemplars unless asked); a timm architecture only for a method
-    whose backbone stays frozen (the others train sbcli's own ResNets: S&B needs their partition)."""
+    whose backbone stays frozen or that trains the network whole (S&B and DD need the partition of sbcli's own ResNets)."""
     from sbcli.nets.timm_backbone import is_timm_arch
 
     spec = METHODS.get(o.get("method") or RunOptions.method)
@@ -153,11 +153,11 @@ def _frozen_backbone(o: dict, given: dict) -> None:
             o[key] = value
     if not is_timm_arch(o.get("arch")):
         return
-    if not spec.frozen_backbone:
-        frozen = ", ".join(n for n in METHODS.names() if METHODS.get(n).frozen_backbone)
-        raise ConfigError(f"--arch {o['arch']} is a timm backbone, which only frozen-backbone methods (--method "
-                          f"{frozen}) take: --method {spec.name} trains sbcli's own ResNets (S&B needs their "
-                          "partition); pick --arch resnet18, resnet32, resnet18-in or resnet34-in.")
+    if not spec.takes_timm:
+        takers = ", ".join(n for n in METHODS.names() if METHODS.get(n).takes_timm)
+        raise ConfigError(f"--arch {o['arch']} is a timm backbone, which only --method {takers} take: --method "
+                          f"{spec.name} trains the partition of sbcli's own ResNets; pick --arch resnet18, resnet32, "
+                          "resnet18-in or resnet34-in.")
     if given.get("width") is None:
         o["width"] = 1.0  # timm builds the network at its own width (the demo's default 0.25 does not apply)
 

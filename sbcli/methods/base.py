@@ -146,6 +146,12 @@ class MethodSpec:
     run_defaults: tuple[tuple[str, Any], ...] = ()  # run settings it sets when not given (e.g. no exemplars)
     streams: bool = False  # a step that trains nothing takes TaskContext.features: its images may be streamed
     known_images: bool = False  # a later step may add images of classes already learned (an exact accumulation)
+    any_backbone: bool = False  # trains the network whole, with no partition of sbcli's own: a timm architecture too
+
+    @property
+    def takes_timm(self) -> bool:
+        """Whether ``--arch timm/NAME`` suits it: a frozen backbone, or one trained whole."""
+        return self.frozen_backbone or self.any_backbone
 
     def balances(self, cfg: Any) -> bool:
         """Whether class-balanced fine-tuning may follow a later step under ``cfg``'s inference rule."""
@@ -159,14 +165,14 @@ def register_method(name: str, config: type, summary: str, inferences: tuple[str
                     plan: Plan = one_phase, title: str | None = None, hub_tag: str | None = None,
                     first_plan: FirstPlan = first_task_epochs, frozen_backbone: bool = False,
                     run_defaults: tuple[tuple[str, Any], ...] = (), streams: bool = False,
-                    known_images: bool = False) -> Callable:
+                    known_images: bool = False, any_backbone: bool = False) -> Callable:
     """Decorator: register ``learn_task`` under ``name`` with its Config dataclass, inference rules and plan
     (and how a model card names it, whether its backbone stays frozen, run settings it defaults)."""
 
     def add(fn: Callable[[TaskContext, Any], TaskResult]) -> Callable[[TaskContext, Any], TaskResult]:
         rules = inferences or getattr(config, "RULES", ("none",))  # a MethodConfig says its rules itself
         METHODS.register(name)(MethodSpec(name, config, fn, summary, rules, plan, title, hub_tag, first_plan,
-                                          frozen_backbone, run_defaults, streams, known_images))
+                                          frozen_backbone, run_defaults, streams, known_images, any_backbone))
         return fn
 
     return add

@@ -13,7 +13,7 @@ class Config(MethodConfig):
 
 
 @register_method("finetune", Config, "CE on new data plus exemplars (lower bound)",
-                 title="fine-tuning on new data plus exemplars (the lower bound)")
+                 title="fine-tuning on new data plus exemplars (the lower bound)", any_backbone=True)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine.loop import Phase
     from sbcli.methods.common import ce, learn_first_task

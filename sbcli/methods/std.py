@@ -51,7 +51,8 @@ def icarl_loss(out: StepOutputs) -> torch.Tensor:
 
 
 @register_method("std", Config, "lambda*KD + (1-lambda)*CE, with WA (default), BiC, iCaRL (NME) or no inference rule",
-                 INFERENCES, title="STD: lambda * KD + (1 - lambda) * CE (the standard knowledge-distillation baseline)")
+                 INFERENCES, title="STD: lambda * KD + (1 - lambda) * CE (the standard knowledge-distillation baseline)",
+                 any_backbone=True)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.methods.common import learn_first_task
 

@@ -86,13 +86,13 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
 
 def check_run(run: RunOptions) -> torch.device:
     """The architecture, width, method options and memory of a run, refused in one sentence; the device to use."""
-    if timm_input(run.arch) is not None:  # a timm architecture: known to timm, width 1, frozen-backbone methods
+    if timm_input(run.arch) is not None:  # a timm architecture: known to timm, width 1, a method that takes one
         if run.width != 1.0:
             raise ConfigError(f"--width does not apply to --arch {run.arch} (timm builds it at its own width); drop --width.")
-        if not METHODS.get(run.method).frozen_backbone:
-            frozen = ", ".join(n for n in METHODS.names() if METHODS.get(n).frozen_backbone)
-            raise ConfigError(f"--arch {run.arch} is a timm backbone, which only --method {frozen} takes; "
-                              f"--method {run.method} trains sbcli's own ResNets.")
+        if not METHODS.get(run.method).takes_timm:
+            takers = ", ".join(n for n in METHODS.names() if METHODS.get(n).takes_timm)
+            raise ConfigError(f"--arch {run.arch} is a timm backbone, which only --method {takers} take; "
+                              f"--method {run.method} trains the partition of sbcli's own ResNets.")
     elif run.arch not in list_models():
         raise ConfigError(f"--arch {run.arch} is unknown; choose one of {', '.join(list_models())}.")
     if not 0 < run.width <= MAX_WIDTH:
