@@ -70,19 +70,19 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
 
 
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
-             epochs: int | None = None, method: str | None = None, warmup_epochs: float | None = None,
              keep: int | None = None, options: AddTaskOptions | None = None,
              on_progress: ProgressFn | None = None) -> StepSummary:
     """Learn the classes of ``folder`` (class-per-folder) as a new task of the learner at ``learner_dir``.
 
     Everything is checked before training; the learner on disk changes only when the step is done.
-    ``method``, when given, must be the learner's own: a learner keeps the method it started with.
+    ``options`` (:class:`AddTaskOptions`) change how the step is learned: ``epochs`` and ``warmup_epochs``
+    from here on; ``method``, when given, must be the learner's own (a learner keeps the method it started with).
     The learner is locked against other writers from the start. ``keep``: keep only the last N steps.
     The returned summary's ``notes`` say which test images measured the old classes and what
     became of a card or ONNX file that described the previous step; its ``state`` is the learner as saved.
     """
-    return adding.add_task(learner_dir, folder, test, device=device, epochs=epochs, method=method,
-                           warmup_epochs=warmup_epochs, keep=keep, options=options, on_progress=on_progress)
+    return adding.add_task(learner_dir, folder, test, device=device, keep=keep, options=options,
+                           on_progress=on_progress)
 
 
 def learner_state(learner_dir: Path, step: int | None = None) -> LearnerState:
