@@ -4,7 +4,7 @@ Direction rules (each folder's job: README.md, "Layout"):
 
 - ``serve`` imports neither torch nor anything of sbcli above it (only itself, ``errors``,
   ``data.rgb`` and ``data.pixels``): an exported model is served with onnxruntime, numpy and Pillow;
-- ``data`` is below everything: it imports only itself, ``errors`` and ``atomic``;
+- ``data`` is below everything: it imports only itself, ``errors``, ``atomic`` and ``source_kinds``;
 - ``watch`` (who watches a run: the watcher protocol, the experiment logs) imports only itself and
   ``errors``: the engine tells its events through it, and the CLI composes its watchers before torch loads;
 - ``engine`` and ``nets`` never import ``methods``, ``run``, ``learner`` (nor anything above those);
@@ -15,7 +15,7 @@ Direction rules (each folder's job: README.md, "Layout"):
   of :data:`EXCEPTIONS`;
 - only ``cli`` imports typer or rich;
 - the root's modules are leaves below every folder (:data:`ROOT_LEAVES`): each imports only the
-  other leaves named there (``registry`` imports ``errors``; the rest import nothing of sbcli);
+  other leaves named there (``registry`` imports ``errors``, ``defaults`` imports ``source_kinds``; the rest import nothing of sbcli);
 - ``python -m sbcli`` (``__main__``) imports only ``cli``; ``sbcli`` itself imports nothing;
 - and all of it: each folder imports only folders after it in :data:`LAYERS` and the root's leaves;
   a module in a folder not in :data:`LAYERS`, or at the root and not in :data:`ROOT_LEAVES`, is
@@ -61,18 +61,19 @@ EXCEPTIONS = {
 }
 # the root's modules: leaves below every folder, each importing only the leaves named here
 ROOT_LEAVES = {
-    "defaults": (),  # the table of per-source defaults, read by the help: nothing of sbcli
+    "defaults": ("source_kinds",),  # the table of per-source defaults, read by the help: which sources are the paper's
     "errors": (),  # the one family of errors a user can trigger
     "registry": ("errors",),  # an unknown or twice-registered name is an sbcli error
     "metrics": (),
     "jsonutil": (),
     "atomic": (),
     "text": (),  # user text made safe for a terminal: nothing of sbcli
+    "source_kinds": (),  # the sources a run names and the kinds a task record holds, named once: nothing of sbcli
 }
 ENTRY_POINTS = {"__main__": ("cli",)}  # `python -m sbcli` runs the CLI
 ONLY = {
     "serve": ("serve", "errors", "text", "data.rgb", "data.pixels", "data.walk"),
-    "data": ("data", "errors", "atomic"),
+    "data": ("data", "errors", "atomic", "source_kinds"),
     "watch": ("watch", "errors"),
     **ROOT_LEAVES,
     **ENTRY_POINTS,

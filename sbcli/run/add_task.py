@@ -70,7 +70,7 @@ def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, devic
     learner_dir, main = Path(learner_dir), distributed.is_main_process()
     with watchers_of(on_progress if main else None) as watchers, writer_lock(learner_dir, "add-task", enabled=main):
         dev = resolve_device(device)  # load
-        learner = Learner.load(learner_dir, dev)
+        learner = Learner.load(learner_dir, dev, recover=not main)  # the writer's lock recovered it
         state = learner.state
         logged = {"learner": str(learner_dir), "folder": str(folder), "method": state.method,  # what logs record: as loaded
                   "method_config": dataclasses.asdict(state.method_config),
