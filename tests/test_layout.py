@@ -313,7 +313,7 @@ def test_the_rules_name_real_folders_and_modules() -> None:
 
 def test_the_graph_sees_lazy_package_and_string_imports() -> None:
     graph = import_graph()
-    assert "sbcli.export.onnx" in graph["sbcli.api.out"]  # imported inside a function
+    assert "sbcli.export.onnx" in graph["sbcli.api.shipping"]  # imported inside a function
     assert "sbcli.data.sources" in graph["sbcli.data.catalog"]  # `from sbcli.data import sources`
     assert "sbcli.serve.app" in graph["sbcli.serve.server"]  # uvicorn.run("sbcli.serve.app:app_from_env")
     assert "sbcli.errors" in graph["sbcli.registry"]
@@ -388,8 +388,8 @@ def test_the_checker_catches_a_root_leaf_importing_upward_or_another_leaf(tmp_pa
 
 def test_the_checker_catches_an_import_outside_an_only_rule(tmp_path: Path) -> None:
     root = fake_sbcli(tmp_path, {"data/catalog.py": "", "data/rgb.py": "",
-                                 "serve/model.py": "from sbcli.data import rgb\nfrom sbcli.data.catalog import resolve\n"})
-    assert only_kind(layout_errors(root), "ONLY") == ["sbcli.serve.model imports sbcli.data.catalog"]
+                                 "serve/classifier.py": "from sbcli.data import rgb\nfrom sbcli.data.catalog import resolve\n"})
+    assert only_kind(layout_errors(root), "ONLY") == ["sbcli.serve.classifier imports sbcli.data.catalog"]
     root = fake_sbcli(tmp_path / "w", {"errors.py": "", "atomic.py": "", "watch/logs.py": "import sbcli.errors\nimport sbcli.atomic\n"})
     assert only_kind(layout_errors(root), "ONLY") == ["sbcli.watch.logs imports sbcli.atomic"]
 
@@ -419,10 +419,10 @@ def test_the_checker_catches_a_module_under_no_rule(tmp_path: Path) -> None:
 
 
 def test_the_checker_sees_imports_by_name(tmp_path: Path) -> None:
-    root = fake_sbcli(tmp_path, {"cli/app.py": "", "serve/model.py": 'import importlib\nAPP = importlib.import_module("sbcli.cli.app")\n',
+    root = fake_sbcli(tmp_path, {"cli/app.py": "", "serve/classifier.py": 'import importlib\nAPP = importlib.import_module("sbcli.cli.app")\n',
                                  "nets/zoo.py": "def build(name):\n    return __import__(name)\n"})
     errors = layout_errors(root)
-    assert errors["ONLY"] == errors["upward"] == ["sbcli.serve.model imports sbcli.cli.app"]
+    assert errors["ONLY"] == errors["upward"] == ["sbcli.serve.classifier imports sbcli.cli.app"]
     assert errors["by name"] == ["sbcli.nets.zoo imports by a name it does not declare (line 2); list the names it may "
                                  "import in a module-level tuple, and the module in BY_NAME"]
 
@@ -446,10 +446,10 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_the_direction_rules_catch_a_wrong_way_import() -> None:
-    graph = {"sbcli.engine.loop": {"sbcli.methods.base", "sbcli.metrics"}, "sbcli.serve.model": {"sbcli.api"},
+    graph = {"sbcli.engine.loop": {"sbcli.methods.base", "sbcli.metrics"}, "sbcli.serve.classifier": {"sbcli.api"},
              "sbcli.methods.dd": {"sbcli.engine.loop", "sbcli.learner.state"}, "sbcli.data.walk": {"sbcli.errors"}}
     assert direction_errors(graph) == ["sbcli.engine.loop imports sbcli.methods.base", "sbcli.methods.dd imports sbcli.learner.state",
-                                       "sbcli.serve.model imports sbcli.api"]
+                                       "sbcli.serve.classifier imports sbcli.api"]
 
 
 def test_the_cli_rule_catches_a_reach_past_the_api() -> None:

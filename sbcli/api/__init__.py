@@ -5,7 +5,7 @@ tells each of a list every event), results through return values.
 Each function checks what it is given and hands the work to the module whose one job it is: the
 task sequence to :mod:`sbcli.run.sequence`, a new task to :mod:`sbcli.run.add_task`, evaluation to
 :mod:`sbcli.run.evaluation`, rollback to :mod:`sbcli.learner.rollback`, and the ways out (ONNX,
-Triton, the Hub, the zoo, prediction) to :mod:`sbcli.api.out`.
+Triton, the Hub, the zoo, prediction) to :mod:`sbcli.api.shipping`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sbcli.api.out import export_int8, export_onnx, export_triton, predict, pull, push, zoo
+from sbcli.api.shipping import export_int8, export_onnx, export_triton, predict, pull, push, zoo
 from sbcli.config.options import RunOptions, SequenceOptions, build_options, known_keys
 from sbcli.engine.device import resolve_device
 from sbcli.engine.distributed import is_main_process, session

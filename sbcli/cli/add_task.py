@@ -66,7 +66,7 @@ def add_task(
         paths.folder(test, "test folder")
     from sbcli import api
     from sbcli.cli import progress, render
-    from sbcli.cli.runs import closing_line, keeping_hint
+    from sbcli.cli.training import closing_line, keeping_hint
     from sbcli.metrics import history_summary
     from sbcli.watch.logs import check_kinds, log_watchers
 

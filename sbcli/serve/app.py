@@ -38,7 +38,7 @@ from sbcli.serve import limits
 from sbcli.serve.batching import BatchConfig, Batcher
 from sbcli.serve.infer import admit, score
 from sbcli.serve.limits import HTTPError, parse_json, read_body, refusal
-from sbcli.serve.models import Models
+from sbcli.serve.served_models import Models
 from sbcli.serve.predict import top_k as rank
 from sbcli.serve.stats import StatsBook
 
