@@ -15,7 +15,7 @@ from typing import Any
 
 from sbcli.api.shipping import export_int8, export_onnx, export_triton, predict, pull, push, zoo
 from sbcli.config.options import RunOptions, SequenceOptions, build_options, known_keys
-from sbcli.engine.device import resolve_device
+from sbcli.engine.hardware import resolve_device
 from sbcli.engine.distributed import is_main_process, session
 from sbcli.errors import ConfigError
 from sbcli.learner import rollback as rollbacks

@@ -26,7 +26,7 @@ from sbcli.data.imageset import ImageSet
 from sbcli.data.records import check_dataset_name, remember_source
 from sbcli.data.stream import FolderStream
 from sbcli.engine import distributed
-from sbcli.engine.device import resolve_device
+from sbcli.engine.hardware import resolve_device
 from sbcli.engine.loop import Engine
 from sbcli.errors import ConfigError, DataError, LearnerError
 from sbcli.learner import preflight, validate

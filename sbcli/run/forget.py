@@ -22,7 +22,7 @@ import torch
 
 from sbcli.data.stream import FolderStream
 from sbcli.engine import distributed
-from sbcli.engine.device import resolve_device
+from sbcli.engine.hardware import resolve_device
 from sbcli.engine.loop import Engine
 from sbcli.errors import ConfigError, DataError
 from sbcli.learner.records import StepRecord, TaskRecord, TestSampleSettings

@@ -33,7 +33,7 @@ from sbcli.data.records import check_dataset_name, remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.data.shaping import only_classes, resize_opened, with_image_size
 from sbcli.engine import distributed
-from sbcli.engine.device import check_cpu_threads, resolve_device
+from sbcli.engine.hardware import check_cpu_threads, resolve_device
 from sbcli.engine.loop import Engine
 from sbcli.errors import ConfigError, LearnerError
 from sbcli.hub.pretrained import RANDOM
