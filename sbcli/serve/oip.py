@@ -32,7 +32,7 @@ from starlette.routing import Route
 from sbcli.serve import oip_codec as codec
 from sbcli.serve.infer import BYTES_INPUT, OUTPUTS, TENSOR_INPUT, infer
 from sbcli.serve.limits import HTTPError, read_body, refusal
-from sbcli.serve.metrics import Metrics
+from sbcli.serve.prometheus import Metrics
 from sbcli.serve.classifier import OnnxClassifier
 from sbcli.serve.oip_triton import PLATFORM, Extensions
 
