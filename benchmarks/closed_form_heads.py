@@ -102,7 +102,7 @@ def grow_images(args: argparse.Namespace) -> tuple[list[str], dict[str, list[str
 def backbone_learner(args: argparse.Namespace, work: Path) -> Path:
     """A learner with no classes on the backbone (``--method ranpac``): what its features come from."""
     from sbcli import api
-    from sbcli.run.start import start_learner
+    from sbcli.run.backbone_learner import start_learner
 
     ref = args.pretrained
     arch, width, size = args.arch, args.width, args.image_size

@@ -1,7 +1,7 @@
 """One command for a machine with a GPU: environment, ``pytest -m gpu``, the engine benchmark, a profile, a real run.
 
-Run it through ``benchmarks/gpu_check.sh`` (which keeps a log, and with ``--wheels DIR`` first installs
-the wheels in DIR); docs/lab/performance.md ("On a GPU") gives the command. Steps, each recorded in
+Run it through ``benchmarks/gpu_check.sh`` (which keeps a log, and with ``--install`` first installs
+the checkout from the package index); docs/lab/performance.md ("On a GPU") gives the command. Steps, each recorded in
 ``results.json`` and ``results.md`` under ``--out`` as soon as it ends (a run stopped at its time
 limit keeps what it finished):
 
@@ -372,7 +372,7 @@ def wants_profile(check: Check, step: str) -> bool:
 
 def parse(argv: list[str] | None = None) -> CheckConfig:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, default=Path("gpu-results"))
+    p.add_argument("--out", type=Path, default=REPO / "results" / "gpu-check")
     p.add_argument("--data", type=Path, default=None,
                    help="the 32 px Tiny-ImageNet-100 archive (steps ddp and sequence; skipped without it)")
     p.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "sbcli-gpu-check")
@@ -391,7 +391,7 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
     p.add_argument("--flops", action="store_true",
                    help="print the FLOPs per image of the benchmark's training steps (CPU, a second) and exit")
     p.add_argument("--copy-size", action="store_true",
-                   help="before copying the checkout to another machine: print what the copy weighs (MiB, with the "
+                   help="before copying the checkout to the GPU machine: print what the copy weighs (MiB, with the "
                         "ignored folders .gpu-data/ and .whl/ if they are there) and exit")
     p.add_argument("--max-copy-mb", type=float, default=None,
                    help="with --copy-size: exit 1 when the copy weighs more than this many MiB (default: no limit)")

@@ -1,9 +1,9 @@
-"""The data and the files of a GPU machine's run: the 32 px Tiny-ImageNet-100 archive, and what is copied there.
+"""The data of the GPU benchmarks: the 32 px Tiny-ImageNet-100 archive, its subsets, and a checkout's weight.
 
-The archive (``tiny-imagenet-100-32px.zip``, class-per-folder WebP) goes to the GPU machine in the
-ignored folder ``.gpu-data/`` of the checkout (docs/lab/performance.md, "On a GPU"). When the checkout
-is copied to another machine, :func:`copy_size` says beforehand what the copy weighs and, given a
-limit, whether it fits.
+The archive (``tiny-imagenet-100-32px.zip``, class-per-folder WebP) is given to the check with ``--data``
+(docs/lab/performance.md, "On a GPU"); the own-data runs read it and a CIFAR-10 subset from one folder
+(``.gpu-data/`` of the checkout by default, an ignored folder). Where the checkout is copied to the GPU
+machine, :func:`copy_size` says beforehand what the copy weighs and, given a limit, whether it fits.
 """
 
 from __future__ import annotations
@@ -73,9 +73,8 @@ def write_subset(archive: Path, dest: Path, train_per_class: int | None, test_pe
     """A class-per-folder archive of ``archive``'s first ``train_per_class`` training (and
     ``test_per_class`` test) files of every class, in file-name order, its bytes as they are.
 
-    For the own-data GPU runs: CIFAR-10 at "a few hundred photos a class" (500) beside the 32 px
-    Tiny-ImageNet-100 archive keeps the copy to the GPU machine small (under 64 MiB with the
-    checkout: :func:`copy_size`).
+    For the own-data GPU runs: CIFAR-10 at "a few hundred photos a class" (500), a user's photo collection
+    in size, beside the 32 px Tiny-ImageNet-100 archive.
     """
     limits = {"train": train_per_class, "test": test_per_class}
     with zipfile.ZipFile(archive) as src, zipfile.ZipFile(dest, "w", zipfile.ZIP_STORED) as out:

@@ -8,7 +8,7 @@ Usage (on a machine with an NVIDIA GPU and ``sbcli[onnx-gpu]``)::
 
 A provider this onnxruntime lacks, or that does not load, is reported as such and skipped: on a
 CPU-only machine only the CPU row runs. The models are the ones ``sb serve`` runs
-(:func:`sbcli.serve.model.open_onnx` with :class:`sbcli.serve.gpu.GpuOptions`), timed in turn
+(:func:`sbcli.serve.classifier.open_onnx` with :class:`sbcli.serve.gpu.GpuOptions`), timed in turn
 batch by batch after a warm-up (TensorRT builds its engines during the warm-up, then caches them).
 """
 
@@ -23,7 +23,7 @@ from onnx_speed import interleaved_ms, random_learner
 
 from sbcli.errors import SbcliError
 from sbcli.serve.gpu import GpuOptions
-from sbcli.serve.model import OnnxClassifier, open_onnx
+from sbcli.serve.classifier import OnnxClassifier, open_onnx
 
 SETUPS = {
     "cpu": ("cpu", None),

@@ -1,14 +1,14 @@
 """The own-data measurements in one command: many small `sb` runs side by side on one GPU.
 
-    bash benchmarks/own_data_gpu.sh --budget-s 450        # on a machine with a GPU (docs/lab/benchmarks.md)
+    bash benchmarks/own_data_gpu.sh --data DIR            # on a machine with a GPU (docs/lab/benchmarks.md)
     PYTHONPATH=. python benchmarks/own_data_gpu.py --dry   # the same flow, tiny, on the CPU
 
-The data are read from ``.gpu-data/`` in the checkout: the 32 px Tiny-ImageNet-100 archive and CIFAR-10 at 500 images a
-class (``gpu_data.write_subset``). The runs are benchmarks/own_data_jobs.py's, started most important
+The data are read from ``--data`` (default ``.gpu-data/`` in the checkout): the 32 px Tiny-ImageNet-100 archive and
+CIFAR-10 at 500 images a class (``gpu_data.write_subset``). The runs are benchmarks/own_data_jobs.py's, started most important
 first, ``--workers`` at a time; a local Hub server (tests/fake_hub.py) takes the pretrained
-backbone's push and serves it to ``--pretrained``. No run starts when less than ``--min-start-s`` of
-the budget is left, and the ones still running at its end are stopped, so the command ends inside
-its budget with what finished. Every finished run adds a line to ``results.jsonl`` under ``--out``
+backbone's push and serves it to ``--pretrained``. Every run runs in full unless ``--budget-s`` gives them
+all a time limit: then no run starts when less than ``--min-start-s`` of it is left, and the ones still
+running at its end are stopped, so the command ends inside it with what finished. Every finished run adds a line to ``results.jsonl`` under ``--out``
 (each step's accuracy, old, new, seconds, phases and records, read back from the learner).
 """
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import shutil
@@ -87,10 +88,10 @@ class Running:
 class Pool:
     """Starts jobs in order as workers free up, respecting ``after`` and the budget."""
 
-    def __init__(self, todo: list[Job], workers: int, budget_s: float, min_start_s: float, out: Path, work: Path,
-                 env: dict[str, str]) -> None:
+    def __init__(self, todo: list[Job], workers: int, budget_s: float | None, min_start_s: float, out: Path,
+                 work: Path, env: dict[str, str]) -> None:
         self.todo, self.workers, self.out, self.work, self.env = list(todo), workers, out, work, env
-        self.deadline = time.monotonic() + budget_s
+        self.deadline = math.inf if budget_s is None else time.monotonic() + budget_s  # None: no budget
         self.min_start_s = min_start_s
         self.running: list[Running] = []
         self.status: dict[str, str] = {}
@@ -183,10 +184,12 @@ class Pool:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=REPO / ".gpu-data")
-    parser.add_argument("--out", type=Path, default=REPO / "gpu-results")
+    parser.add_argument("--data", type=Path, default=REPO / ".gpu-data",
+                        help=f"the folder holding {TINY_ZIP} and {CIFAR_ZIP}")
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "own-data-gpu")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "sbcli-own-data")
-    parser.add_argument("--budget-s", type=float, default=450.0, help="time budget of all the runs together, seconds")
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="time budget of all the runs together, seconds (default: none, every run in full)")
     parser.add_argument("--min-start-s", type=float, default=40.0)
     parser.add_argument("--workers", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads of each run")

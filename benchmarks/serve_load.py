@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from sbcli.serve.model import open_onnx
+from sbcli.serve.classifier import open_onnx
 
 
 def random_model(out: Path, width: float, classes: int, size: int) -> Path:

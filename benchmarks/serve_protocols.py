@@ -131,7 +131,7 @@ def cell(protocol: str, address: str, name: str, images: np.ndarray, clients: in
 
 def protocols(onnx: Path, requests: int, rounds: int, env: dict[str, str]) -> list[tuple[str, int, float, float, float]]:
     """(protocol, clients, images/s, p50 ms, p99 ms) of every cell, and the server's memory."""
-    from sbcli.serve.model import open_onnx
+    from sbcli.serve.classifier import open_onnx
     from sbcli.serve.source import model_name
 
     port, grpc_port = free_port(), free_port()

@@ -192,8 +192,8 @@ def fault_points(base: Path, work: Path, folder: Path) -> dict:
     shutil.copytree(base, learner)
     plant_leftovers(learner)
     probe = ("import sys; from sbcli.learner.store import commit; seen = []; commit.checkpoint = seen.append; "
-             "from sbcli import api; api.add_task(sys.argv[1], sys.argv[2], sys.argv[3], device='cpu', epochs=1, "
-             "keep=1); "
+             "from sbcli import api; api.add_task(sys.argv[1], sys.argv[2], sys.argv[3], device='cpu', "
+             "options=api.AddTaskOptions(epochs=1), keep=1); "
              "print(repr(seen))")
     done = subprocess.run([sys.executable, "-c", probe, str(learner), str(folder / "train"), str(folder / "test")],
                           env=env(), capture_output=True,

@@ -28,10 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sbcli.source_kinds import PAPER_BENCHMARKS
+
 Command = Literal["train", "bench"]
 Kind = Literal["folder", "demo", "paper"]
 
-PAPER_BENCHMARKS = ("cifar10", "cifar100", "tiny-imagenet")
 # `sb bench`'s rows by default: the paper's Table 1, in its order (sbcli.bench.grid registers each row)
 PAPER_ORDER = ("finetune", "std-icarl", "std-bic", "std-wa", "dd-wa", "sb-wa", "joint")
 

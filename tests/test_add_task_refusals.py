@@ -28,7 +28,8 @@ def test_add_task_refuses_a_test_folder_of_other_classes(one_task_learner, color
     before = hashes(learner)
     monkeypatch.setattr("sbcli.run.add_task.open_spec", _never)
     with pytest.raises(DataError, match=r"does not hold the classes of .*it lacks blue, yellow; it has green, red"):
-        api.add_task(learner, color_data["task2_train"], color_data["task1_test"], device="cpu", epochs=1)
+        api.add_task(learner, color_data["task2_train"], color_data["task1_test"], device="cpu",
+                     options=api.AddTaskOptions(epochs=1))
     res = runner.invoke(app, ["add-task", str(learner), str(color_data["task2_train"]), "--test",
                               str(color_data["task1_test"]), "--device", "cpu"])
     assert res.exit_code == 1 and "give a --test folder with the same class folders" in " ".join(res.stderr.split())

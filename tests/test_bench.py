@@ -146,7 +146,7 @@ def test_cli_default_rows_are_the_papers_seven():
     from sbcli.cli.bench import build_plan
 
     assert len(bench.PAPER_ORDER) == 7 and all(m in bench.BENCH_METHODS for m in bench.PAPER_ORDER)
-    plan = build_plan({"source": None, "methods": None, "tasks": None, "image_size": None, "test": None, "rho": None})
+    plan = build_plan(None)
     assert plan.methods == bench.PAPER_ORDER
     shown = " ".join(CliRunner().invoke(app, ["bench", "--help"], env={"COLUMNS": "300"}).output.split())
     assert ",".join(bench.PAPER_ORDER) in shown

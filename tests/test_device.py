@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sbcli.engine.device import cudnn_autotune, resolve_device
+from sbcli.engine.hardware import cudnn_autotune, resolve_device
 from sbcli.errors import DeviceError
 
 
@@ -39,7 +39,7 @@ def test_the_python_face_keeps_resolve_device() -> None:
 
 
 def test_free_threads_follow_the_cores_other_work_leaves():
-    from sbcli.engine.device import free_threads
+    from sbcli.engine.hardware import free_threads
 
     assert free_threads(2, cores=2, running=1) == 2  # only this process runs: every core
     assert free_threads(2, cores=2, running=2) == 1  # another training's thread runs: one core left
@@ -50,10 +50,10 @@ def test_free_threads_follow_the_cores_other_work_leaves():
 def test_default_compute_threads_restore_torch_setting(monkeypatch):
     import torch
 
-    from sbcli.engine import device
+    from sbcli.engine import hardware
 
     before = torch.get_num_threads()
-    monkeypatch.setattr(device, "runnable_tasks", lambda: 10**6)
-    with device.compute_threads(None):
+    monkeypatch.setattr(hardware, "runnable_tasks", lambda: 10**6)
+    with hardware.compute_threads(None):
         assert torch.get_num_threads() == 1
     assert torch.get_num_threads() == before

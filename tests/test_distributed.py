@@ -201,7 +201,8 @@ def test_torchrun_train_writes_a_learner_that_continues_in_one_process(color_dat
     assert learner.state.format_version == FORMAT_VERSION and learner.state.steps == 2
     assert [p["name"] for p in learner.state.history[1].phases] == ["A", "B", "C", "balance"]  # balancing, under DDP
     assert len(learner.memory) == 8
-    step = api.add_task(out, color_data["task2_train"], color_data["task2_test"], device="cpu", epochs=1)
+    step = api.add_task(out, color_data["task2_train"], color_data["task2_test"], device="cpu",
+                        options=api.AddTaskOptions(epochs=1))
     assert step.step == 3 and step.num_classes == 4
     again = Learner.load(out)
     assert again.state.steps == 3 and again.state.class_names[-2:] == ["blue", "yellow"]

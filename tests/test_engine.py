@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sbcli.data.device import DeviceData, Normalization, normalize
-from sbcli.engine.device import native_bf16
+from sbcli.engine.hardware import native_bf16
 from sbcli.engine.loop import Engine, Phase, TrainConfig, uses_bf16
 from sbcli.methods.losses import kd_ce_loss
 from sbcli.nets import create_model

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 from sbcli import __version__
 from sbcli.cli.app import app
 from sbcli.cli.progress import step_text
-from sbcli.cli.runs import closing_line, keeping_hint
+from sbcli.cli.training import closing_line, keeping_hint
 from sbcli.jsonutil import strict
 from sbcli.learner.records import MemorySettings, Provenance, StepRecord, TaskRecord
 from sbcli.metrics import StepMetrics

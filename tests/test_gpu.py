@@ -28,7 +28,7 @@ from sbcli import api
 from sbcli.cli.app import app
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.engine import distributed
-from sbcli.engine.device import exact_float32
+from sbcli.engine.hardware import exact_float32
 from sbcli.engine.loop import Engine, Phase, StepOutputs, TrainConfig
 from sbcli.methods.common import clip_head_weights, frozen_copy, zero_head_bias
 from sbcli.methods.losses import ce_loss, kd_ce_loss

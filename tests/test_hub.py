@@ -122,7 +122,8 @@ def test_pull_each_step_then_continue_learning(hub: FakeHub, published: dict, co
     assert Learner.load(tmp_path / "latest").state.num_classes == 4
     before = {p.name: p.read_bytes() for p in (tmp_path / "s1").iterdir() if not p.name.startswith(".")}
     with pytest.raises(LearnerError, match=r"holds no exemplars of 2 of its 2 classes .* pass --no-rehearsal"):
-        api.add_task(tmp_path / "s1", color_data["task2_train"], color_data["task2_test"], device="cpu", epochs=1)
+        api.add_task(tmp_path / "s1", color_data["task2_train"], color_data["task2_test"], device="cpu",
+                     options=api.AddTaskOptions(epochs=1))
     after = {p.name: p.read_bytes() for p in (tmp_path / "s1").iterdir() if not p.name.startswith(".")}
     assert after == before  # refused before any work (the writer lock's file aside)
     step = api.add_task(tmp_path / "s1", color_data["task2_train"], color_data["task2_test"], device="cpu",

@@ -47,7 +47,8 @@ def test_every_bundled_zoo_learner_pushes_with_sb_export(name: str, fake_hub: Fa
 
 def test_a_learner_grown_from_the_zoo_pushes(fake_hub: FakeHub, color_data, tmp_path: Path) -> None:
     pulled = api.pull("demo-sb-tiny", tmp_path / "demo").path
-    api.add_task(pulled, color_data["task2_train"], color_data["task2_test"], device="cpu", epochs=1)
+    api.add_task(pulled, color_data["task2_train"], color_data["task2_test"], device="cpu",
+                 options=api.AddTaskOptions(epochs=1))
     report = api.push(pulled, "tester/grown")
     assert report.to_json()["repo_id"] == "tester/grown"
     card = card_of("tester/grown")
@@ -86,9 +87,8 @@ def test_the_card_names_the_data_and_each_steps_own_settings(fake_hub: FakeHub, 
                                                              tmp_path: Path) -> None:
     learner = tmp_path / "named"
     shutil.copytree(one_task_learner, learner)
-    options = api.AddTaskOptions(epochs=1, name="garden")
-    api.add_task(learner, color_data["task2_train"], color_data["task2_test"], device="cpu", warmup_epochs=0.5,
-                 options=options)
+    options = api.AddTaskOptions(epochs=1, warmup_epochs=0.5, name="garden")
+    api.add_task(learner, color_data["task2_train"], color_data["task2_test"], device="cpu", options=options)
     api.push(learner, "tester/named")
     card = card_of("tester/named")
     assert "| 1 | folder: task1 |" in card and "| 2 | folder: garden |" in card  # not "train (test: test)"

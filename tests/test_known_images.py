@@ -97,7 +97,7 @@ def test_a_trained_method_refuses_known_classes_before_any_work(one_task_learner
     monkeypatch.setattr("sbcli.run.add_task.open_spec", _never)
     with pytest.raises(DataError, match=r"already knows red \(--method std retrains its backbone at every step, "
                                         r"and the images those classes were learned from are gone"):
-        api.add_task(learner, mixed, device="cpu", epochs=1)
+        api.add_task(learner, mixed, device="cpu", options=api.AddTaskOptions(epochs=1))
     res = runner.invoke(app, ["add-task", str(learner), str(mixed), "--device", "cpu"])
     assert res.exit_code == 1 and "retrains its backbone" in " ".join(res.stderr.split())
     assert hashes(learner) == before

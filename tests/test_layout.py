@@ -4,7 +4,7 @@ Direction rules (each folder's job: README.md, "Layout"):
 
 - ``serve`` imports neither torch nor anything of sbcli above it (only itself, ``errors``,
   ``data.rgb`` and ``data.pixels``): an exported model is served with onnxruntime, numpy and Pillow;
-- ``data`` is below everything: it imports only itself, ``errors`` and ``atomic``;
+- ``data`` is below everything: it imports only itself, ``errors``, ``atomic`` and ``source_kinds``;
 - ``watch`` (who watches a run: the watcher protocol, the experiment logs) imports only itself and
   ``errors``: the engine tells its events through it, and the CLI composes its watchers before torch loads;
 - ``engine`` and ``nets`` never import ``methods``, ``run``, ``learner`` (nor anything above those);
@@ -15,7 +15,7 @@ Direction rules (each folder's job: README.md, "Layout"):
   of :data:`EXCEPTIONS`;
 - only ``cli`` imports typer or rich;
 - the root's modules are leaves below every folder (:data:`ROOT_LEAVES`): each imports only the
-  other leaves named there (``registry`` imports ``errors``; the rest import nothing of sbcli);
+  other leaves named there (``registry`` imports ``errors``, ``defaults`` imports ``source_kinds``; the rest import nothing of sbcli);
 - ``python -m sbcli`` (``__main__``) imports only ``cli``; ``sbcli`` itself imports nothing;
 - and all of it: each folder imports only folders after it in :data:`LAYERS` and the root's leaves;
   a module in a folder not in :data:`LAYERS`, or at the root and not in :data:`ROOT_LEAVES`, is
@@ -61,18 +61,19 @@ EXCEPTIONS = {
 }
 # the root's modules: leaves below every folder, each importing only the leaves named here
 ROOT_LEAVES = {
-    "defaults": (),  # the table of per-source defaults, read by the help: nothing of sbcli
+    "defaults": ("source_kinds",),  # the table of per-source defaults, read by the help: which sources are the paper's
     "errors": (),  # the one family of errors a user can trigger
     "registry": ("errors",),  # an unknown or twice-registered name is an sbcli error
     "metrics": (),
     "jsonutil": (),
     "atomic": (),
     "text": (),  # user text made safe for a terminal: nothing of sbcli
+    "source_kinds": (),  # the sources a run names and the kinds a task record holds, named once: nothing of sbcli
 }
 ENTRY_POINTS = {"__main__": ("cli",)}  # `python -m sbcli` runs the CLI
 ONLY = {
     "serve": ("serve", "errors", "text", "data.rgb", "data.pixels", "data.walk"),
-    "data": ("data", "errors", "atomic"),
+    "data": ("data", "errors", "atomic", "source_kinds"),
     "watch": ("watch", "errors"),
     **ROOT_LEAVES,
     **ENTRY_POINTS,
@@ -312,7 +313,7 @@ def test_the_rules_name_real_folders_and_modules() -> None:
 
 def test_the_graph_sees_lazy_package_and_string_imports() -> None:
     graph = import_graph()
-    assert "sbcli.export.onnx" in graph["sbcli.api.out"]  # imported inside a function
+    assert "sbcli.export.onnx" in graph["sbcli.api.shipping"]  # imported inside a function
     assert "sbcli.data.sources" in graph["sbcli.data.catalog"]  # `from sbcli.data import sources`
     assert "sbcli.serve.app" in graph["sbcli.serve.server"]  # uvicorn.run("sbcli.serve.app:app_from_env")
     assert "sbcli.errors" in graph["sbcli.registry"]
@@ -387,8 +388,8 @@ def test_the_checker_catches_a_root_leaf_importing_upward_or_another_leaf(tmp_pa
 
 def test_the_checker_catches_an_import_outside_an_only_rule(tmp_path: Path) -> None:
     root = fake_sbcli(tmp_path, {"data/catalog.py": "", "data/rgb.py": "",
-                                 "serve/model.py": "from sbcli.data import rgb\nfrom sbcli.data.catalog import resolve\n"})
-    assert only_kind(layout_errors(root), "ONLY") == ["sbcli.serve.model imports sbcli.data.catalog"]
+                                 "serve/classifier.py": "from sbcli.data import rgb\nfrom sbcli.data.catalog import resolve\n"})
+    assert only_kind(layout_errors(root), "ONLY") == ["sbcli.serve.classifier imports sbcli.data.catalog"]
     root = fake_sbcli(tmp_path / "w", {"errors.py": "", "atomic.py": "", "watch/logs.py": "import sbcli.errors\nimport sbcli.atomic\n"})
     assert only_kind(layout_errors(root), "ONLY") == ["sbcli.watch.logs imports sbcli.atomic"]
 
@@ -418,10 +419,10 @@ def test_the_checker_catches_a_module_under_no_rule(tmp_path: Path) -> None:
 
 
 def test_the_checker_sees_imports_by_name(tmp_path: Path) -> None:
-    root = fake_sbcli(tmp_path, {"cli/app.py": "", "serve/model.py": 'import importlib\nAPP = importlib.import_module("sbcli.cli.app")\n',
+    root = fake_sbcli(tmp_path, {"cli/app.py": "", "serve/classifier.py": 'import importlib\nAPP = importlib.import_module("sbcli.cli.app")\n',
                                  "nets/zoo.py": "def build(name):\n    return __import__(name)\n"})
     errors = layout_errors(root)
-    assert errors["ONLY"] == errors["upward"] == ["sbcli.serve.model imports sbcli.cli.app"]
+    assert errors["ONLY"] == errors["upward"] == ["sbcli.serve.classifier imports sbcli.cli.app"]
     assert errors["by name"] == ["sbcli.nets.zoo imports by a name it does not declare (line 2); list the names it may "
                                  "import in a module-level tuple, and the module in BY_NAME"]
 
@@ -445,10 +446,10 @@ def test_the_cycle_finder_finds_a_cycle() -> None:
 
 
 def test_the_direction_rules_catch_a_wrong_way_import() -> None:
-    graph = {"sbcli.engine.loop": {"sbcli.methods.base", "sbcli.metrics"}, "sbcli.serve.model": {"sbcli.api"},
+    graph = {"sbcli.engine.loop": {"sbcli.methods.base", "sbcli.metrics"}, "sbcli.serve.classifier": {"sbcli.api"},
              "sbcli.methods.dd": {"sbcli.engine.loop", "sbcli.learner.state"}, "sbcli.data.walk": {"sbcli.errors"}}
     assert direction_errors(graph) == ["sbcli.engine.loop imports sbcli.methods.base", "sbcli.methods.dd imports sbcli.learner.state",
-                                       "sbcli.serve.model imports sbcli.api"]
+                                       "sbcli.serve.classifier imports sbcli.api"]
 
 
 def test_the_cli_rule_catches_a_reach_past_the_api() -> None:

@@ -212,9 +212,9 @@ def test_the_probes_train_options_are_one_sentence_before_any_work(option, color
 
 
 def test_threads_are_bounded_by_the_machines_cores(color_data, tmp_path, monkeypatch):
-    from sbcli.engine import device
+    from sbcli.engine import hardware
 
-    monkeypatch.setattr(device, "cpu_cores", lambda: 4)
+    monkeypatch.setattr(hardware, "cpu_cores", lambda: 4)
     res = runner.invoke(app, ["train", str(color_data["task1_train"]), "--pretrained", "none", "--out", str(tmp_path / "o"), "--threads", "5"])
     one_sentence_or_accepted(res, [])
     assert "outside 1..4, the CPU cores this machine has" in " ".join(res.stderr.split())

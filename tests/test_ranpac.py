@@ -139,7 +139,7 @@ def test_the_onnx_export_is_the_ridge_head(grown, tmp_path):
     nodes = [n.op_type for n in onnx.load(str(tmp_path / "m.onnx")).graph.node]
     assert sum(op in ("MatMul", "Gemm") for op in nodes) == 2  # the projection and the ridge head, nothing else
     from sbcli.export.serving import open_learner
-    from sbcli.serve.model import open_classifier
+    from sbcli.serve.classifier import open_classifier
 
     images = torch.rand(3, 3, 32, 32).numpy()
     onnx_scores = open_classifier(tmp_path / "m.onnx").scores(images)

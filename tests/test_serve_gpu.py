@@ -17,7 +17,7 @@ from sbcli.cli.app import app
 from sbcli.errors import ConfigError
 from sbcli.export import onnx as onnx_export
 from sbcli.serve.gpu import BoundRunner, GpuOptions, bucket
-from sbcli.serve.model import open_onnx
+from sbcli.serve.classifier import open_onnx
 from sbcli.serve.providers import open_session
 
 

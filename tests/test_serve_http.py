@@ -36,7 +36,7 @@ from sbcli.export import onnx as onnx_export
 from sbcli.export.serving import EXPORTER
 from sbcli.serve.app import ServeConfig, Server, create_app
 from sbcli.serve.guard import GuardedProtocol
-from sbcli.serve.model import open_onnx
+from sbcli.serve.classifier import open_onnx
 from sbcli.serve.predict import predict
 from sbcli.serve.predict import top_k as rank
 

@@ -24,7 +24,7 @@ from sbcli.cli.app import app
 from sbcli.errors import ExportError
 from sbcli.export import onnx as onnx_export
 from sbcli.serve import preprocess
-from sbcli.serve.model import open_onnx
+from sbcli.serve.classifier import open_onnx
 from sbcli.serve.predict import predict
 
 REAL_TINY = archive_path("tiny-imagenet-100.zip")

@@ -16,7 +16,7 @@ from sbcli.cli.app import app
 from sbcli.errors import ConfigError, ExportError
 from sbcli.export import onnx as onnx_export
 from sbcli.serve import providers
-from sbcli.serve.model import open_onnx
+from sbcli.serve.classifier import open_onnx
 
 TRT, CUDA, CPU = "TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"
 

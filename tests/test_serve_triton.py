@@ -16,7 +16,7 @@ from learners import make_learner
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app
-from sbcli.serve.model import open_onnx
+from sbcli.serve.classifier import open_onnx
 
 ONNX_TO_TRITON = {onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.FLOAT16: "TYPE_FP16"}
 

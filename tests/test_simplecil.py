@@ -109,7 +109,7 @@ def test_export_parity_folds_the_prototypes_into_one_linear_layer(simplecil_lear
     assert sum(node.op_type in ("MatMul", "Gemm") for node in graph.node) == 1  # the prototype head, no other
     # sb serve reads either form unchanged, and both score alike
     from sbcli.export.serving import open_learner
-    from sbcli.serve.model import open_classifier
+    from sbcli.serve.classifier import open_classifier
 
     images = torch.rand(3, 3, 32, 32).numpy()
     onnx_scores = open_classifier(tmp_path / "model.onnx").scores(images)

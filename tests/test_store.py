@@ -245,6 +245,20 @@ def test_a_learner_left_between_the_renames_of_the_old_save_is_recovered(tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["l"]
 
 
+def test_a_writer_looks_for_an_old_saves_leftovers_once(tmp_path, monkeypatch):
+    import shutil
+
+    from sbcli.learner.store import legacy
+
+    shutil.copytree(ZOO_V1, tmp_path / ".l.old-4242")  # the learner, left beside its folder by a 0.1 save
+    shutil.copytree(ZOO_V1, tmp_path / ".l.tmp-abcd1234")
+    calls, real = [], legacy.recover
+    monkeypatch.setattr(legacy, "recover", lambda *a, **k: calls.append(k) or real(*a, **k))
+    assert api.rollback(tmp_path / "l", 2)["kept_steps"] == [2]
+    assert calls == [{"writer": True}]  # in the lock; the load under it does not look again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l"]  # the newest put back, the other removed
+
+
 def test_a_failed_first_train_leaves_no_directory(tmp_path, color_data):
     run = api.RunOptions(method="std", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
     seq = api.SequenceOptions(source=str(color_data["task1_train"]), image_size=16, tasks=5)  # 2 classes in 5 tasks

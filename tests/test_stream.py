@@ -89,7 +89,8 @@ def test_a_step_whose_decoded_images_would_not_fit_is_refused_before_any_work(on
     monkeypatch.setattr(sources, "load_folder", lambda *a, **k: pytest.fail("decoded before the refusal"))
     with pytest.raises(LearnerError, match=r"new images decoded at 16 px would take about .* GiB of memory and this "
                                            r"machine has 0.0 GiB available; add the classes in smaller tasks"):
-        api.add_task(learner, color_data["task2_train"], color_data["task2_test"], device="cpu", epochs=1)
+        api.add_task(learner, color_data["task2_train"], color_data["task2_test"], device="cpu",
+                     options=api.AddTaskOptions(epochs=1))
     after = {p: p.read_bytes() for p in learner.rglob("*") if p.is_file() and not p.name.startswith(".sbcli")}
     assert after == before
 

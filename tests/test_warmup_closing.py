@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from sbcli.cli.runs import closing_line
+from sbcli.cli.training import closing_line
 from sbcli.learner.records import MemorySettings, Provenance, StepRecord
 from sbcli.metrics import StepMetrics
 
@@ -27,7 +27,7 @@ def test_one_step_has_no_old_classes():
 
 
 def test_a_hint_follows_when_the_old_classes_kept_under_half_of_the_new_ones():
-    from sbcli.cli.runs import keeping_hint
+    from sbcli.cli.training import keeping_hint
 
     forgot = [step(5, 50.0, math.nan, 50.0), step(50, 6.7, 0.9, 59.2)]
     hint = keeping_hint(forgot, MemorySettings(500), Provenance())

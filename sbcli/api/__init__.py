@@ -5,7 +5,7 @@ tells each of a list every event), results through return values.
 Each function checks what it is given and hands the work to the module whose one job it is: the
 task sequence to :mod:`sbcli.run.sequence`, a new task to :mod:`sbcli.run.add_task`, evaluation to
 :mod:`sbcli.run.evaluation`, rollback to :mod:`sbcli.learner.rollback`, and the ways out (ONNX,
-Triton, the Hub, the zoo, prediction) to :mod:`sbcli.api.out`.
+Triton, the Hub, the zoo, prediction) to :mod:`sbcli.api.shipping`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sbcli.api.out import export_int8, export_onnx, export_triton, predict, pull, push, zoo
+from sbcli.api.shipping import export_int8, export_onnx, export_triton, predict, pull, push, zoo
 from sbcli.config.options import RunOptions, SequenceOptions, build_options, known_keys
-from sbcli.engine.device import resolve_device
+from sbcli.engine.hardware import resolve_device
 from sbcli.engine.distributed import is_main_process, session
 from sbcli.errors import ConfigError
 from sbcli.learner import rollback as rollbacks
@@ -70,19 +70,19 @@ def train(seq: SequenceOptions, run: RunOptions, out: Path, *, resume: bool = Fa
 
 
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
-             epochs: int | None = None, method: str | None = None, warmup_epochs: float | None = None,
              keep: int | None = None, options: AddTaskOptions | None = None,
              on_progress: ProgressFn | None = None) -> StepSummary:
     """Learn the classes of ``folder`` (class-per-folder) as a new task of the learner at ``learner_dir``.
 
     Everything is checked before training; the learner on disk changes only when the step is done.
-    ``method``, when given, must be the learner's own: a learner keeps the method it started with.
+    ``options`` (:class:`AddTaskOptions`) change how the step is learned: ``epochs`` and ``warmup_epochs``
+    from here on; ``method``, when given, must be the learner's own (a learner keeps the method it started with).
     The learner is locked against other writers from the start. ``keep``: keep only the last N steps.
     The returned summary's ``notes`` say which test images measured the old classes and what
     became of a card or ONNX file that described the previous step; its ``state`` is the learner as saved.
     """
-    return adding.add_task(learner_dir, folder, test, device=device, epochs=epochs, method=method,
-                           warmup_epochs=warmup_epochs, keep=keep, options=options, on_progress=on_progress)
+    return adding.add_task(learner_dir, folder, test, device=device, keep=keep, options=options,
+                           on_progress=on_progress)
 
 
 def learner_state(learner_dir: Path, step: int | None = None) -> LearnerState:

@@ -48,7 +48,7 @@ def ran_on(plan: Any) -> dict:
     """Where this invocation trains: the device, its precision as resolved, and torch's CPU threads."""
     import torch
 
-    from sbcli.engine.device import resolve_device, uses_bf16
+    from sbcli.engine.hardware import resolve_device, uses_bf16
 
     device = resolve_device(plan.run.device)
     precision = "bf16" if uses_bf16(plan.run.train.precision, device) else "fp32"

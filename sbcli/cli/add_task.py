@@ -66,7 +66,7 @@ def add_task(
         paths.folder(test, "test folder")
     from sbcli import api
     from sbcli.cli import progress, render
-    from sbcli.cli.runs import closing_line, keeping_hint
+    from sbcli.cli.training import closing_line, keeping_hint
     from sbcli.metrics import history_summary
     from sbcli.watch.logs import check_kinds, log_watchers
 
@@ -76,11 +76,11 @@ def add_task(
     watchers = [reporter, *(log_watchers(log, learner) if main and log else [])]  # each told every event of the run
     with api.session(device), reporter:
         reporter.note(f"Adding the images of {plain(folder)} to {plain(learner)}")
-        options = api.AddTaskOptions(epochs=epochs, method=method, data_roots=list(data_roots or []),
+        options = api.AddTaskOptions(epochs=epochs, method=method, warmup_epochs=warmup_epochs,
+                                     data_roots=list(data_roots or []),
                                      test_sample=not no_test_sample, no_rehearsal=no_rehearsal,
                                      balance_epochs=balance_epochs, name=dataset_name)
-        step = api.add_task(learner, folder, test, device=device, keep=keep, options=options,
-                            warmup_epochs=warmup_epochs, on_progress=watchers)
+        step = api.add_task(learner, folder, test, device=device, keep=keep, options=options, on_progress=watchers)
         for note in step.notes:
             reporter.note(note)
     if not main:

@@ -37,15 +37,15 @@ def _ints(text: str, option: str) -> tuple[int, ...]:
         raise typer.BadParameter(f"{option} takes whole numbers separated by commas, e.g. 2,5,10.") from None
 
 
-def build_plan(o: dict) -> Any:
-    """The BenchPlan of the command's options (None: the default), through the config layer."""
+def build_plan(source: str | None, *, methods: str | None = None, tasks: str | None = None, rho: float | None = None,
+               settings: dict[str, Any] | None = None) -> Any:
+    """The BenchPlan of the grid's rows (``methods``), columns (``tasks``) and ``rho`` (None: the default), with
+    every run's ``settings`` by option name (``image_size``, ``epochs``, ...) through the config layer."""
     from sbcli.bench import BenchPlan
     from sbcli.config.options import bench_defaults, build_options
 
-    o = dict(o)
-    methods, tasks, rho = o.pop("methods"), o.pop("tasks"), o.pop("rho")
-    defaults = bench_defaults(o["source"])
-    seq, run, _ = build_options(o, {k: v for k, v in defaults.items() if k != "tasks"})
+    defaults = bench_defaults(source)
+    seq, run, _ = build_options({**(settings or {}), "source": source}, {k: v for k, v in defaults.items() if k != "tasks"})
     methods = PAPER_ORDER if methods is None else tuple(m.strip() for m in methods.split(",") if m.strip())
     return BenchPlan(methods, _ints(tasks or defaults["tasks"], "--tasks"), seq, run, rho=rho)
 
@@ -69,8 +69,8 @@ def bench(
     from sbcli.bench import dataset_kind, describe, run_bench
     from sbcli.cli import progress, render
 
-    given = {"source": source, "methods": methods, "tasks": tasks, "image_size": image_size, "test": test, "rho": rho}
-    plan = build_plan({**given, **run_options})
+    plan = build_plan(source, methods=methods, tasks=tasks, rho=rho,
+                      settings={"image_size": image_size, "test": test, **run_options})
     reporter = progress.reporter(quiet, every=max(1, plan.run.train.epochs // 5))
 
     def on_cell(cell, index, count, action):

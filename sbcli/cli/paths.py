@@ -10,9 +10,9 @@ import re
 from pathlib import Path
 
 from sbcli.errors import ConfigError, DataError, LearnerError
+from sbcli.source_kinds import BENCHMARKS
 
 STATE_FILE = "learner.json"  # sbcli.learner.store.layout.STATE_FILE (that module imports torch)
-BENCHMARKS = ("demo", "cifar10", "cifar100", "tiny-imagenet")  # sbcli.data.catalog.BENCHMARKS
 
 
 # The names sbcli 0.1's save gave its folders (sbcli.learner.store.legacy, which checks what they hold too)

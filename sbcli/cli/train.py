@@ -67,7 +67,7 @@ def train(
     if test is not None:
         paths.folder(test, "test folder")
     from sbcli.cli.rundirs import output_dir
-    from sbcli.cli.runs import run_training
+    from sbcli.cli.training import run_training
     from sbcli.config.options import build_options
 
     given = {"source": source, "test": test, "dataset_name": dataset_name, "out": out, "resume": resume,

@@ -351,7 +351,7 @@ OWN_FOLDER = "FOLDER"  # a folder of one's own, not yet given: what `sb add-task
 
 def own_data_options(recipe: str) -> tuple[SequenceOptions, RunOptions]:
     """The settings `sb train FOLDER --recipe RECIPE` takes for a folder of one's own, before any folder is known
-    (a learner with no classes yet, which `sb add-task` grows from folders: :mod:`sbcli.run.start`)."""
+    (a learner with no classes yet, which `sb add-task` grows from folders: :mod:`sbcli.run.backbone_learner`)."""
     seq, run, _ = build_options({"recipe": recipe, "source": OWN_FOLDER})
     return seq, run
 

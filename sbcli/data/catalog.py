@@ -18,9 +18,9 @@ from sbcli.data import sources
 from sbcli.data.device import CIFAR100_MEAN, CIFAR100_STD, IMAGENET_MEAN, IMAGENET_STD, Normalization
 from sbcli.data.imageset import ImageSet
 from sbcli.errors import DataError
+from sbcli.source_kinds import BENCHMARKS
 
 LOG = logging.getLogger(__name__)
-BENCHMARKS = ("demo", "cifar10", "cifar100", "tiny-imagenet")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Opened:
 def is_class_folders(source: str | None) -> bool:
     """Whether ``sb train SOURCE`` reads ``source`` as a class-per-folder directory (not the demo, a benchmark by
     name, a zip or a Tiny-ImageNet folder; a path that does not exist counts, and is refused when it is read)."""
-    if source in (None, "demo", "cifar10", "cifar100", "tiny-imagenet"):
+    if source is None or source in BENCHMARKS:
         return False
     path = Path(source).expanduser()
     return not (path.suffix == ".zip" or (path / "wnids.txt").is_file())

@@ -8,7 +8,7 @@ step, channels-last everywhere (oneDNN on CPU is faster with it too), bf16 autoc
 device computes in bf16 natively (see :func:`native_bf16`; ``TrainConfig.precision`` overrides it),
 a fused optimiser on CUDA, and on one GPU each step replayed as a CUDA graph (:mod:`sbcli.engine.graphs`).
 Losses are summed on the device and read once per epoch, so an epoch has no host synchronisation
-(tests/test_gpu.py counts them on CUDA). Evaluation runs in full float32, without TF32 on CUDA (:func:`sbcli.engine.device.exact_float32`).
+(tests/test_gpu.py counts them on CUDA). Evaluation runs in full float32, without TF32 on CUDA (:func:`sbcli.engine.hardware.exact_float32`).
 Measurements: docs/lab/performance.md (benchmarks/engine_speed.py).
 
 Under torchrun (see :mod:`sbcli.engine.distributed`) the student is wrapped in DistributedDataParallel:
@@ -31,7 +31,7 @@ from torch import nn
 from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.defaults import base
 from sbcli.engine import distributed, graphs, onnx_features, schedule
-from sbcli.engine.device import (
+from sbcli.engine.hardware import (
     PRECISIONS,
     compute_threads,
     cudnn_autotune,

@@ -60,7 +60,7 @@ class TorchClassifier:
     def scores(self, images: np.ndarray) -> np.ndarray:
         import torch
 
-        from sbcli.engine.device import exact_float32
+        from sbcli.engine.hardware import exact_float32
 
         with torch.no_grad(), exact_float32(self.device):
             return self.model(torch.from_numpy(images).to(self.device)).float().cpu().numpy()
@@ -73,7 +73,7 @@ class TorchClassifier:
 
 def open_learner(path: Path, device: str = "auto") -> TorchClassifier:
     """A learner directory in PyTorch on ``device`` (imports torch)."""
-    from sbcli.engine.device import resolve_device
+    from sbcli.engine.hardware import resolve_device
     from sbcli.export.onnx import serving_model
     from sbcli.learner.state import Learner
 

@@ -243,7 +243,7 @@ def content_notes(inside: dict[str, Any]) -> list[str]:
 
 def backbone_entry(ref: str, index: Path | None = None) -> tuple[ZooEntry, ZooIndex] | None:
     """The zoo's backbone entry that ``ref`` names (``NAME[@REVISION]``), with its index; None for anything else
-    (a learner entry, a Hub repository): :func:`sbcli.run.start.pull_backbone` makes a learner of it."""
+    (a learner entry, a Hub repository): :func:`sbcli.run.backbone_learner.pull_backbone` makes a learner of it."""
     parsed = parse_ref(ref)
     if parsed.is_repo:
         return None

@@ -13,7 +13,7 @@ measured. Where it lives is one of:
 
 What it holds (``holds``) is a learner (the default) or a ``backbone``: pretrained weights on the Hub
 (``model.safetensors`` of a repository such as ``timm/resnet50.a1_in1k``), pinned to a revision and a
-SHA-256, which ``sb pull`` makes into a learner with no classes yet (:mod:`sbcli.run.start`): its
+SHA-256, which ``sb pull`` makes into a learner with no classes yet (:mod:`sbcli.run.backbone_learner`): its
 recipe names the method and settings, ``sb add-task`` learns the user's first classes.
 
 An entry never claims a location it does not have: the tests check every bundled entry's files

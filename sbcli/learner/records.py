@@ -4,7 +4,7 @@ settings, the provenance.
 Each record's ``to_json`` writes exactly the JSON object sbcli has always written for it (the same keys,
 in the same order, an absent optional key still absent), and ``from_json`` reads every format sbcli
 reads, so a learner loaded and saved again keeps its bytes. ``from_json`` takes JSON that
-:mod:`sbcli.learner.validate.state` has checked (required keys present, of their type): it does not
+:mod:`sbcli.learner.validate.learner_json` has checked (required keys present, of their type): it does not
 check again. What a record does not know (a key a newer sbcli wrote, a method's own ``record``, a data
 source record) is kept as the dict it was, and written back where it was.
 """

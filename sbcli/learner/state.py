@@ -38,12 +38,11 @@ from sbcli.learner.store import legacy, objects
 from sbcli.learner.store.commit import commit_step, write_flat
 from sbcli.learner.store.layout import FORMAT_VERSION, Stored, read_step, read_stored
 from sbcli.learner.test_sample import CarriedSample
+from sbcli.learner.validate.tensors import EXTRA_PREFIX
 from sbcli.methods.base import MethodConfig
 from sbcli.methods.memory import ExemplarMemory
 from sbcli.nets import create_model
 from sbcli.nets.resnet import IncrementalResNet
-
-EXTRA_PREFIX = validate.tensors.EXTRA_PREFIX  # a method's own tensors in model.safetensors: "extra." + name
 
 
 @dataclass
@@ -189,17 +188,21 @@ class Learner:
         return payload, named_blocks
 
     @classmethod
-    def load(cls, path: Path, device: torch.device | str = "cpu", step: int | None = None) -> "Learner":
+    def load(cls, path: Path, device: torch.device | str = "cpu", step: int | None = None, *,
+             recover: bool = True) -> "Learner":
         """Read a learner directory (no pickle), at its current step or at kept step ``step``.
 
         The store reads and verifies the bytes (:func:`sbcli.learner.store.layout.read_step`); this parses
-        them, checking every tensor before a network is built from it.
+        them, checking every tensor before a network is built from it. A learner that an interrupted 0.1
+        save left beside ``path`` is moved back first (:func:`sbcli.learner.store.legacy.recover`), unless
+        ``recover`` is False: a writer passes False, since its lock did that already.
 
         Raises:
             LearnerError: no learner, a missing or malformed file, a newer format, or a step not kept.
         """
         path = Path(path)
-        legacy.recover(path)
+        if recover:
+            legacy.recover(path)
         read = read_step(path, step)
         state = _parse_state(read.state, read.where)
         tensors = read.tensors("model")  # bytes checked, parsed without trust

@@ -26,7 +26,7 @@ from sbcli.data.imageset import ImageSet
 from sbcli.data.records import check_dataset_name, remember_source
 from sbcli.data.stream import FolderStream
 from sbcli.engine import distributed
-from sbcli.engine.device import resolve_device
+from sbcli.engine.hardware import resolve_device
 from sbcli.engine.loop import Engine
 from sbcli.errors import ConfigError, DataError, LearnerError
 from sbcli.learner import preflight, validate
@@ -50,8 +50,9 @@ DECODED_COPIES = 3  # a decoded set, its relabelled copy and the training device
 class AddTaskOptions:
     """What `sb add-task` may change about how a step is learned and recorded."""
 
-    epochs: int | None = None
-    method: str | None = None
+    epochs: int | None = None  # epochs of this step and later ones (recorded); None: as recorded
+    method: str | None = None  # checked against the learner's own method, which it keeps
+    warmup_epochs: float | None = None  # warm-up of this step and later ones (recorded); None: as recorded
     data_roots: list[Path] = field(default_factory=list)  # where moved test sets of earlier tasks now are
     test_sample: bool = True  # carry a sample of the new classes' test images
     no_rehearsal: bool = False  # grow without exemplars of the old classes (a learner pulled without memory)
@@ -60,24 +61,22 @@ class AddTaskOptions:
 
 
 def add_task(learner_dir: Path, folder: Path, test: Path | None = None, *, device: str = "auto",
-             epochs: int | None = None, method: str | None = None, warmup_epochs: float | None = None,
              keep: int | None = None, options: AddTaskOptions | None = None,
              on_progress: WatcherLike = None) -> StepSummary:
     """Learn the classes of ``folder`` as a new task of the learner at ``learner_dir`` (:func:`sbcli.api.add_task`)."""
     check_keep(keep)
-    opts = options or AddTaskOptions(epochs=epochs, method=method)
+    opts = options or AddTaskOptions()
     check_dataset_name(opts.name)
-    opts = dataclasses.replace(opts, epochs=opts.epochs if epochs is None else epochs, method=opts.method or method)
     learner_dir, main = Path(learner_dir), distributed.is_main_process()
     with watchers_of(on_progress if main else None) as watchers, writer_lock(learner_dir, "add-task", enabled=main):
         dev = resolve_device(device)  # load
-        learner = Learner.load(learner_dir, dev)
+        learner = Learner.load(learner_dir, dev, recover=not main)  # the writer's lock recovered it
         state = learner.state
         logged = {"learner": str(learner_dir), "folder": str(folder), "method": state.method,  # what logs record: as loaded
                   "method_config": dataclasses.asdict(state.method_config),
                   "train": {**dataclasses.asdict(state.train_config), "epochs": opts.epochs or state.train_config.epochs}}
         before = sum(h.epochs_trained for h in state.history)  # a log's epochs count on from there
-        _check(learner, learner_dir, opts, warmup_epochs)  # check (the lock proved the directory writable)
+        _check(learner, learner_dir, opts)  # check (the lock proved the directory writable)
         folder_classes.check_new_classes(folder, test, state.class_names, _known_refusal(learner))  # by folder names
         spec = resolve_spec(str(folder), test=None if test is None else str(test), image_size=state.image_size,
                             data_root=None, download=False)
@@ -162,7 +161,7 @@ def stream_features(stream: FolderStream, engine: Engine, model: torch.nn.Module
     return torch.cat(features), fingerprint.result()
 
 
-def _check(learner: Learner, where: Path, opts: AddTaskOptions, warmup_epochs: float | None) -> None:
+def _check(learner: Learner, where: Path, opts: AddTaskOptions) -> None:
     """The learner grows as asked (its own method; exemplars of its classes to rehearse, unless
     ``--no-rehearsal``), and the settings that change from here on: ``--balance-epochs`` (refused below 0
     and under a rule that takes none), ``--epochs``, ``--warmup-epochs``, checked by the rules a load
@@ -180,7 +179,7 @@ def _check(learner: Learner, where: Path, opts: AddTaskOptions, warmup_epochs: f
                                "classes (it was pushed or pulled without its memory), so add-task could not rehearse "
                                "them; pass --no-rehearsal to grow it by distillation alone, or pull a push made with "
                                "--with-memory.")
-    changes = {k: v for k, v in (("epochs", opts.epochs), ("warmup_epochs", warmup_epochs)) if v is not None}
+    changes = {k: v for k, v in (("epochs", opts.epochs), ("warmup_epochs", opts.warmup_epochs)) if v is not None}
     if opts.balance_epochs is not None:
         if opts.balance_epochs < 0:
             raise ConfigError(f"--balance-epochs {opts.balance_epochs} is negative; give 0 (no balancing) or more.")

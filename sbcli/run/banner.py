@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from sbcli.engine.device import uses_bf16
+from sbcli.engine.hardware import uses_bf16
 from sbcli.engine.loop import TrainConfig
 
 PEEK = 32  # image files whose size is read (headers only) to tell whether a folder's images get resized

@@ -9,7 +9,7 @@ import torch
 
 from sbcli.data.catalog import open_spec, relabel, resolve_spec
 from sbcli.data.imageset import ImageSet
-from sbcli.engine.device import exact_float32, resolve_device
+from sbcli.engine.hardware import exact_float32, resolve_device
 from sbcli.engine.feature_cache import FeatureCache
 from sbcli.engine.loop import Engine
 from sbcli.errors import DataError

@@ -22,7 +22,7 @@ import torch
 
 from sbcli.data.stream import FolderStream
 from sbcli.engine import distributed
-from sbcli.engine.device import resolve_device
+from sbcli.engine.hardware import resolve_device
 from sbcli.engine.loop import Engine
 from sbcli.errors import ConfigError, DataError
 from sbcli.learner.records import StepRecord, TaskRecord, TestSampleSettings
@@ -43,9 +43,10 @@ def forget(learner_dir: Path, classes: list[str], data: Path | None = None, *, d
     """Take ``classes`` out of the learner at ``learner_dir`` as a new step (:func:`sbcli.api.forget`)."""
     check_keep(keep)
     learner_dir = Path(learner_dir)
-    with writer_lock(learner_dir, "forget", enabled=distributed.is_main_process()):
+    main = distributed.is_main_process()
+    with writer_lock(learner_dir, "forget", enabled=main):
         dev = resolve_device(device)
-        learner = Learner.load(learner_dir, dev)
+        learner = Learner.load(learner_dir, dev, recover=not main)  # the writer's lock recovered it
         state = learner.state
         gone = _check(learner, learner_dir, classes, data)
         ids = [state.class_names.index(c) for c in gone]

@@ -20,7 +20,6 @@ from sbcli import __version__
 from sbcli.config.options import RunOptions, SequenceOptions
 from sbcli.data import folder_classes
 from sbcli.data.catalog import (
-    BENCHMARKS,
     Opened,
     compute_normalization,
     open_spec,
@@ -34,7 +33,7 @@ from sbcli.data.records import check_dataset_name, remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.data.shaping import only_classes, resize_opened, with_image_size
 from sbcli.engine import distributed
-from sbcli.engine.device import check_cpu_threads, resolve_device
+from sbcli.engine.hardware import check_cpu_threads, resolve_device
 from sbcli.engine.loop import Engine
 from sbcli.errors import ConfigError, LearnerError
 from sbcli.hub.pretrained import RANDOM
@@ -55,6 +54,7 @@ from sbcli.run import banner, evalsets
 from sbcli.run.plan import announce_plan
 from sbcli.run.results import write_results
 from sbcli.run.steps import StepSummary, learn_step
+from sbcli.source_kinds import BENCHMARKS
 from sbcli.watch.watcher import WatcherLike, Watchers, watchers_of
 
 StepFn = Callable[[StepSummary], None]
@@ -205,7 +205,7 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     preflight.check_free_space(out, preflight.save_bytes(run.arch, run.width, len(scenario.order), image_size, run.memory))
     plan = {"source": record, "scenario": scenario.to_json()}
     if resume:
-        learner = Learner.load(out, device)
+        learner = Learner.load(out, device, recover=not distributed.is_main_process())  # the writer's lock recovered it
         _check_same_weights(learner, run, out)
         stored = learner.state.plan or {}
         if stored.get("scenario") != plan["scenario"] or not same_source(stored.get("source", {}), record):

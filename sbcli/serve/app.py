@@ -38,7 +38,7 @@ from sbcli.serve import limits
 from sbcli.serve.batching import BatchConfig, Batcher
 from sbcli.serve.infer import admit, score
 from sbcli.serve.limits import HTTPError, parse_json, read_body, refusal
-from sbcli.serve.models import Models
+from sbcli.serve.served_models import Models
 from sbcli.serve.predict import top_k as rank
 from sbcli.serve.stats import StatsBook
 
@@ -137,7 +137,7 @@ class Server:
     inflight: limits.ByteBudget = field(init=False)  # request bodies held, by every request together
     stats: StatsBook = field(default_factory=StatsBook)  # Triton's statistics, per model version
     started: float = field(default_factory=time.time)
-    metrics: Any = None  # sbcli.serve.metrics.Metrics, set by create_app
+    metrics: Any = None  # sbcli.serve.prometheus.Metrics, set by create_app
 
     def __post_init__(self) -> None:
         self.models = Models(self.cfg)
@@ -311,7 +311,7 @@ def create_app(server: Server) -> Starlette:
     """The Starlette app over ``server`` (which loads its model at startup if not loaded yet)."""
     from starlette.middleware import Middleware
 
-    from sbcli.serve.metrics import MetricsMiddleware, MetricsPortOnly
+    from sbcli.serve.prometheus import MetricsMiddleware, MetricsPortOnly
     from sbcli.serve.oip import mount
 
     protocol = mount(server)

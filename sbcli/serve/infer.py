@@ -19,7 +19,7 @@ import numpy as np
 from sbcli.serve import oip_codec as codec
 from sbcli.serve.batching import QueueFull
 from sbcli.serve.limits import RETRY_AFTER_S, HTTPError, decode_within
-from sbcli.serve.model import OnnxClassifier
+from sbcli.serve.classifier import OnnxClassifier
 from sbcli.serve.predict import softmax
 from sbcli.serve.stats import Key, Record
 

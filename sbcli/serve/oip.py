@@ -4,7 +4,7 @@
 failing), ``GET /v2`` (server metadata), ``GET /v2/models/{name}[/versions/{version}]`` (model
 metadata), ``GET .../ready``, ``POST .../infer``; Triton's extensions (the model list, configuration,
 statistics and repository) are in :mod:`sbcli.serve.oip_triton`. Every model served has its name
-(:mod:`sbcli.serve.models`); versions are learner steps (:mod:`sbcli.serve.versions`); the default
+(:mod:`sbcli.serve.served_models`); versions are learner steps (:mod:`sbcli.serve.versions`); the default
 is the latest.
 
 Inputs: ``images`` (``FP32`` [N, 3, S, S], preprocessed: RGB in [0, 1], resized to S; the
@@ -32,8 +32,8 @@ from starlette.routing import Route
 from sbcli.serve import oip_codec as codec
 from sbcli.serve.infer import BYTES_INPUT, OUTPUTS, TENSOR_INPUT, infer
 from sbcli.serve.limits import HTTPError, read_body, refusal
-from sbcli.serve.metrics import Metrics
-from sbcli.serve.model import OnnxClassifier
+from sbcli.serve.prometheus import Metrics
+from sbcli.serve.classifier import OnnxClassifier
 from sbcli.serve.oip_triton import PLATFORM, Extensions
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@
   statistics (:mod:`sbcli.serve.stats`);
 * ``POST /v2/repository/index`` (``{"ready": true}``: only the ready ones),
   ``POST /v2/repository/models/{name}/load`` and ``.../unload``: Triton's explicit model control
-  (:class:`sbcli.serve.models.Models`). A load request naming a ``config`` or ``files`` is refused:
+  (:class:`sbcli.serve.served_models.Models`). A load request naming a ``config`` or ``files`` is refused:
   a model is always loaded from its source. With ``--workers`` N, each process loads and unloads
   its own models: control them with one worker per container.
 
@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from sbcli.serve.infer import BYTES_INPUT, OUTPUTS, TENSOR_INPUT
 from sbcli.serve.limits import HTTPError, parse_json, read_body, refusal
-from sbcli.serve.model import OnnxClassifier
+from sbcli.serve.classifier import OnnxClassifier
 
 PLATFORM, BACKEND = "onnxruntime_onnx", "onnxruntime"
 MAX_CONTROL_BYTES = 64 * 2**10  # a repository request is a small JSON object

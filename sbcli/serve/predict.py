@@ -18,7 +18,7 @@ import numpy as np
 from sbcli.data.pixels import read_image_file  # regular files only, the size checked first
 from sbcli.data.walk import walk_stats  # iterative: a folder nested thousands deep is no RecursionError
 from sbcli.errors import ConfigError, DataError
-from sbcli.serve.model import Classifier, LearnerOpener, open_classifier
+from sbcli.serve.classifier import Classifier, LearnerOpener, open_classifier
 from sbcli.serve.preprocess import IMAGE_EXTENSIONS, Preprocess
 
 

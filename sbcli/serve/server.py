@@ -314,7 +314,7 @@ def run(server: Server, listen: Listen) -> None:
 def run_with_metrics_port(config: Any, metrics_port: int) -> None:
     """uvicorn on two listening sockets, the main port and the metrics port, as uvicorn serves the sockets it is
     handed (each --workers process accepts on both); the app answers only GET /metrics on the metrics port
-    (:class:`sbcli.serve.metrics.MetricsPortOnly`)."""
+    (:class:`sbcli.serve.prometheus.MetricsPortOnly`)."""
     import inspect
 
     import uvicorn

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sbcli.errors import ConfigError
-from sbcli.serve.model import OnnxClassifier, is_learner, is_onnx, open_onnx
+from sbcli.serve.classifier import OnnxClassifier, is_learner, is_onnx, open_onnx
 
 logger = logging.getLogger(__name__)
 Signature = tuple[int, int, int] | None

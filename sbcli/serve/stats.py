@@ -1,5 +1,5 @@
 """Inference statistics per model version, in Triton's schema: what ``GET /v2/models/stats`` (and
-gRPC's ModelStatistics) answer and what the ``nv_inference_*`` metrics read (:mod:`sbcli.serve.metrics`).
+gRPC's ModelStatistics) answer and what the ``nv_inference_*`` metrics read (:mod:`sbcli.serve.prometheus`).
 
 One :class:`StatsBook` per server process counts, for every (model, version):
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from sbcli.serve.model import OnnxClassifier, is_learner, open_onnx
+from sbcli.serve.classifier import OnnxClassifier, is_learner, open_onnx
 from sbcli.serve.source import Loaded, exporter_of, is_triton_model, model_name, triton_versions
 
 logger = logging.getLogger(__name__)

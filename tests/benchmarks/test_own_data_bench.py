@@ -61,3 +61,9 @@ def test_the_pool_skips_what_depends_on_a_failure_and_what_the_budget_cannot_hol
     pool.run()
     assert time.monotonic() - start < 10  # the budget's end stops what still runs
     assert pool.status == {"slow": "killed", "late": "skipped"}
+
+    unlimited = Pool([Job("d", "g", ["-c", "print('fine')"])], workers=1, budget_s=None, min_start_s=1e9,
+                     out=tmp_path / "y", work=tmp_path, env=dict(os.environ))
+    (tmp_path / "y").mkdir()
+    unlimited.run()
+    assert unlimited.status == {"d": "ok"}  # no budget: no start is too late

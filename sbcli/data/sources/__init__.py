@@ -15,7 +15,7 @@ One module per source, plus what they share:
 * :mod:`.cache` — :class:`DecodeCache`, decoded data sets on disk.
 """
 
-from sbcli.data.sources.cache import DecodeCache
+from sbcli.data.sources.decode_cache import DecodeCache
 from sbcli.data.sources.cifar import CIFAR_SIZE, load_cifar
 from sbcli.data.sources.decode import IMAGE_EXTENSIONS, decode_image, decode_many
 from sbcli.data.sources.demo import load_demo

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from sbcli.data import pixels, progress
 from sbcli.data.imageset import ImageSet
-from sbcli.data.sources.cache import DecodeCache, fingerprint, stat_line
+from sbcli.data.sources.decode_cache import DecodeCache, fingerprint, stat_line
 from sbcli.data.sources.decode import decode_many, is_image_name, to_imageset
 from sbcli.data.walk import walk_stats
 from sbcli.errors import ConfigError, DataError

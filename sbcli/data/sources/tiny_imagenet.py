@@ -13,7 +13,7 @@ from typing import Protocol
 
 from sbcli.data import pixels, walk
 from sbcli.data.imageset import ImageSet
-from sbcli.data.sources.cache import DecodeCache, fingerprint, stat_line
+from sbcli.data.sources.decode_cache import DecodeCache, fingerprint, stat_line
 from sbcli.data.sources.decode import decode_many, is_image_name, to_imageset, walk_files
 from sbcli.errors import DataError
 

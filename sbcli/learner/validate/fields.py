@@ -1,7 +1,7 @@
 """JSON values checked against what they must be: each check takes a value and answers None when it
 is fine, else one phrase for what is wrong (``must be a whole number from 1 to 512, found "x"``).
 
-The pieces :mod:`sbcli.learner.validate.state` builds ``learner.json``'s fields from (whole numbers,
+The pieces :mod:`sbcli.learner.validate.learner_json` builds ``learner.json``'s fields from (whole numbers,
 finite numbers, strings from a choice, lists, objects with required and known keys, a dataclass
 config), and the one sentence of a damaged file (:func:`damaged`), which the tensor checks share.
 """

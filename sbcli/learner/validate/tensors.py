@@ -33,7 +33,7 @@ SAFETENSORS_DTYPES: dict[str, torch.dtype] = {
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool,
 }
-EXTRA_PREFIX = "extra."
+EXTRA_PREFIX = "extra."  # a method's own tensors in model.safetensors: "extra." + name (checked here, written by the state)
 
 
 # -- safetensors ------------------------------------------------------------------------------

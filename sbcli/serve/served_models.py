@@ -29,7 +29,7 @@ from typing import Any
 from sbcli.errors import SbcliError
 from sbcli.serve import source as sources
 from sbcli.serve.limits import HTTPError
-from sbcli.serve.model import OnnxClassifier
+from sbcli.serve.classifier import OnnxClassifier
 from sbcli.serve.versions import PendingVersion, Registry
 
 logger = logging.getLogger(__name__)

@@ -1,4 +1,5 @@
-"""Run a `sb train` sequence, rendering as it goes (the options become configs in :mod:`sbcli.config.options`)."""
+"""`sb train`'s run: the sequence rendered as it goes (the options become configs in :mod:`sbcli.config.options`),
+and the closing lines after a step that `sb add-task` shares."""
 
 from __future__ import annotations
 

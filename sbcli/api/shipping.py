@@ -1,4 +1,5 @@
-"""The Python face's ways out: ONNX, Triton, the Hub, the zoo, prediction (re-exported by :mod:`sbcli.api`).
+"""How a learner ships: ONNX, int8, Triton, the Hub, the zoo, and what a shipped model predicts (re-exported by
+:mod:`sbcli.api`).
 
 Each function loads its optional extra on use, so that importing the API needs none of them.
 """
@@ -78,7 +79,7 @@ def pull(ref: str, out: Path | None = None, *, index: Path | None = None, offlin
          timeout: float = 10.0, token: str | None = None, endpoint: str | None = None, data: Path | None = None,
          on_progress: Any = None) -> Any:
     """Fetch a zoo entry or ``OWNER/NAME[@REVISION]`` into ``out``, verified; returns a PullReport. A backbone
-    entry becomes a learner with no classes yet (:func:`sbcli.run.start.pull_backbone`); an entry built on this
+    entry becomes a learner with no classes yet (:func:`sbcli.run.backbone_learner.pull_backbone`); an entry built on this
     machine is learned from ``data`` by its recipe (:func:`sbcli.run.zoo_build.build_entry`)."""
     from sbcli.hub.client import HubConfig
     from sbcli.hub.pull import backbone_entry, built_entry, default_target, parse_ref
@@ -97,7 +98,7 @@ def pull(ref: str, out: Path | None = None, *, index: Path | None = None, offlin
     backbone = backbone_entry(ref, index)
     if backbone is None:
         return pull_learner(ref, out, index=index, cfg=cfg)
-    from sbcli.run.start import pull_backbone  # pretrained weights made into a learner with no classes yet
+    from sbcli.run.backbone_learner import pull_backbone  # pretrained weights made into a learner with no classes yet
 
     parsed = parse_ref(ref)
     return pull_backbone(*backbone, parsed.revision, Path(out) if out is not None else default_target(parsed), cfg)

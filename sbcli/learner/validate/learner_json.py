@@ -29,6 +29,7 @@ from sbcli.learner.validate.fields import (
     string,
     whole,
 )
+from sbcli.source_kinds import SOURCE_KINDS
 
 MAX_WIDTH = 4.0  # ResNet-18 at width 4: 180 M parameters (the paper uses 1.0)
 MAX_IMAGE_SIZE = 512
@@ -65,20 +66,16 @@ def check_format_version(data: object, where: Path | str) -> int:
     return version
 
 
-SOURCE_KINDS = ("demo", "cifar10", "cifar100", "tiny-imagenet", "folder", "forget")  # sbcli.data.catalog's, without its imports
-
-
 def _source(v: Any) -> str | None:
     """A data source record (names and fingerprints: sbcli.data.records), or a format-1 spec with paths."""
     from sbcli.data.records import is_record, record_problem
 
-    kinds = SOURCE_KINDS
     if is_record(v):
         if "kind" not in v:
             return ".kind is missing"
-        problem = string(kinds)(v["kind"])
+        problem = string(SOURCE_KINDS)(v["kind"])
         return join(".kind", problem) if problem else _strip(record_problem(v, MAX_CLASSES))
-    fields = {"kind": string(kinds), "path": string(), "root": string(), "test": string(), "download": boolean,
+    fields = {"kind": string(SOURCE_KINDS), "path": string(), "root": string(), "test": string(), "download": boolean,
               "image_size": whole(1, MAX_IMAGE_SIZE)}
     problem = object_of(fields, ("kind",))(v)
     if problem:
