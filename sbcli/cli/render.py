@@ -15,6 +15,7 @@ from sbcli.jsonutil import strict
 
 if TYPE_CHECKING:
     from sbcli.api import StepRecord
+    from sbcli.metrics import Summary
 
 ERR = console(stderr=True)
 OUT = console(highlight=False)
@@ -56,7 +57,7 @@ def matrix_table(history: list[StepRecord], now: list[float] | None = None) -> T
     return table
 
 
-def closing_tables(history: list[StepRecord], summary: dict) -> list[Table]:
+def closing_tables(history: list[StepRecord], summary: Summary) -> list[Table]:
     """What `sb train`, `sb add-task` and `sb evaluate` end with: the steps, the S&B ablation, the summary."""
     tables = [history_table(history)]
     ablation = ablation_table(history)
@@ -94,12 +95,12 @@ def ablation_table(history: list[StepRecord]) -> Table | None:
     return table
 
 
-def summary_table(summary: dict) -> Table:
+def summary_table(summary: Summary) -> Table:
     table = Table(title="Summary (%)")
     for col in ("avg incr. acc (2..T, paper)", "avg incr. acc (1..T)", "last", "forgetting"):
         table.add_column(col, justify="right")
-    table.add_row(fmt(summary["avg_incremental_2_to_T"]), fmt(summary["avg_incremental_1_to_T"]),
-                  fmt(summary["last"]), fmt(summary["forgetting"]))
+    table.add_row(fmt(summary.avg_incremental_2_to_T), fmt(summary.avg_incremental_1_to_T), fmt(summary.last),
+                  fmt(summary.forgetting))
     return table
 
 

@@ -42,7 +42,8 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
         render.OUT.print(f"Learner saved to {plain(out)} (with history.csv{render.png_note(out)}); "
                          f"add classes with `sb add-task {out} FOLDER --test FOLDER`.")
 
-    render.Output(json_out).result({"learner": str(out), "history": [h.to_json() for h in history], "summary": result},
+    render.Output(json_out).result({"learner": str(out), "history": [h.to_json() for h in history],
+                                    "summary": result.to_json()},
                                    show)
 
 

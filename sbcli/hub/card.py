@@ -156,9 +156,9 @@ def accuracy_table(history: Iterable[StepRecord]) -> str:
 
 def summary_line(history: list[StepRecord]) -> str:
     s = history_summary(history)
-    return (f"Average incremental accuracy {_pct(s['avg_incremental_2_to_T'])} % over steps 2..T (the paper's), "
-            f"{_pct(s['avg_incremental_1_to_T'])} % over 1..T; last step {_pct(s['last'])} %; "
-            f"forgetting {_pct(s['forgetting'])} points.")
+    return (f"Average incremental accuracy {_pct(s.avg_incremental_2_to_T)} % over steps 2..T (the paper's), "
+            f"{_pct(s.avg_incremental_1_to_T)} % over 1..T; last step {_pct(s.last)} %; "
+            f"forgetting {_pct(s.forgetting)} points.")
 
 
 def settings_block(state: LearnerState, inference: str) -> str:

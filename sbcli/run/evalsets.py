@@ -42,6 +42,26 @@ class TaskTestData:
 
 
 @dataclass(frozen=True)
+class TestDataReport:
+    """Which test images an evaluation used: ``used`` is ``folder``, ``sample``, ``mixed`` or ``none``; ``tasks``
+    says where each task's came from; ``folder`` is the test folder named instead of the learner's own sets."""
+
+    __test__ = False  # not a pytest class, whatever its name
+
+    used: str
+    tasks: list[TaskTestData]
+    folder: str | None = None
+
+    @classmethod
+    def of_folder(cls, folder: Path) -> TestDataReport:
+        return cls("folder", [], str(folder))
+
+    def to_json(self) -> dict:
+        out: dict = {"used": self.used, "tasks": [t.to_json() for t in self.tasks]}
+        return out if self.folder is None else {**out, "folder": self.folder}
+
+
+@dataclass(frozen=True)
 class EvalData:
     """The test images of every class (labels in the learner's order) and where each task's came from."""
 
@@ -57,7 +77,11 @@ class EvalData:
         return kinds.pop() if len(kinds) == 1 else "mixed"
 
     def to_json(self) -> dict:
-        return {"used": self.used, "tasks": [t.to_json() for t in self.tasks]}
+        return self.report().to_json()
+
+    def report(self) -> TestDataReport:
+        """Which test images were used: what ``sb evaluate --json`` says under ``test_data``."""
+        return TestDataReport(self.used, self.tasks)
 
     def describe(self) -> str:
         """One line per task, for the terminal."""
