@@ -22,6 +22,7 @@ from sbcli.learner import rollback as rollbacks
 from sbcli.learner.records import MemorySettings, Provenance, StepRecord, TaskRecord, TestSampleSettings
 from sbcli.learner.state import Learner, LearnerState, read_state
 from sbcli.methods import METHODS
+from sbcli.methods.split_bridge import SplitBridgeRecord
 from sbcli.nets import list_models
 from sbcli.run import add_task as adding
 from sbcli.run import evaluation, sequence
@@ -38,7 +39,7 @@ ProgressFn = WatcherLike  # watchers (sbcli.watch.watcher.Watcher), a function o
 
 __all__ = [
     "AddTaskOptions", "Evaluation", "Learner", "LearnerState", "MemorySettings", "ProgressFn", "Provenance", "RunOptions",
-    "SequenceOptions", "StepFn", "StepMetrics", "StepRecord", "StepSummary", "Summary", "TaskRecord", "TaskTestData",
+    "SequenceOptions", "SplitBridgeRecord", "StepFn", "StepMetrics", "StepRecord", "StepSummary", "Summary", "TaskRecord", "TaskTestData",
     "TestDataReport", "TestSampleSettings", "add_task",
     "architectures", "evaluate", "forget", "export_int8", "export_onnx", "export_triton", "is_main_process", "learner_state",
     "method_summaries", "options", "predict", "pull", "push", "resolve_device", "rollback", "save_from_main",

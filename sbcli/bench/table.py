@@ -54,7 +54,7 @@ def cell_summary(history: list[StepRecord]) -> dict:
         "new": _mean([m.new for m in later]),
         "seconds": round(sum(h.seconds for h in history if h.seconds is not None), 1),
         "epochs_per_step": [h.epochs_trained for h in history],
-        "precision": sorted({p.get("precision", "fp32") for h in history for p in h.phases}),
+        "precision": sorted({p.precision for h in history for p in h.phase_reports}),
         **_network_summary(history),
     }
 

@@ -163,13 +163,13 @@ def summary_line(history: list[StepRecord]) -> str:
 
 def settings_block(state: LearnerState, inference: str) -> str:
     """Method, network, data and hyperparameters, as a list."""
-    norm = state.normalization
+    norm = state.norm
     return "\n".join([
         f"- method: `{state.method}`: {method_title(state.method)}",
         f"- inference: `{inference}`: {RULES.get(inference).card if inference in RULES.names() else inference}",
         f"- network: {state.arch}, width x{state.width}, input {state.image_size}x{state.image_size} RGB",
         *([f"- pretrained backbone: `{json.dumps(state.provenance.pretrained)}`"] if state.provenance.pretrained is not None else []),
-        f"- normalisation: mean {norm['mean']}, std {norm['std']}",
+        f"- normalisation: mean {list(norm.mean)}, std {list(norm.std)}",
         f"- method hyperparameters: `{json.dumps(dataclasses.asdict(state.method_config))}`",
         f"- training settings a next step starts from: `{json.dumps(dataclasses.asdict(state.train_config))}`",
         f"- exemplar memory: budget {state.memory.budget}, selection {state.memory.selection}",
@@ -182,7 +182,7 @@ def step_settings_table(state: LearnerState) -> str:
     rows = ["| step | phases (epochs) | training settings of this step |", "|---:|---|---|"]
     before: dict | None = None
     for h in state.history:
-        phases = ", ".join(f"{p['name']} {p['epochs']}" for p in h.phases) or "-"
+        phases = ", ".join(f"{p.name} {p.epochs}" for p in h.phase_reports) or "-"
         cfg = h.train_config
         if cfg is None:
             what = "not recorded (learned before sbcli kept each step's settings)"

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sbcli.engine.loop import PhaseReport
 from sbcli.learner.test_sample import DEFAULT_CAP, CarriedSample
 from sbcli.metrics import StepMetrics
 
@@ -46,9 +47,14 @@ class StepRecord:
     forgotten: list[str] | None = None  # the classes the step took out (`sb forget`; None: none)
 
     @property
+    def phase_reports(self) -> list[PhaseReport]:
+        """The phases the step ran, typed (``phases`` keeps them as ``learner.json`` holds them)."""
+        return [PhaseReport.from_json(p) for p in self.phases]
+
+    @property
     def epochs_trained(self) -> int:
         """Epochs the step did train, all its phases together."""
-        return sum(p.get("epochs", 0) for p in self.phases)
+        return sum(p.epochs for p in self.phase_reports)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step, "num_classes": self.num_classes, "metrics": self.metrics.to_json()}

@@ -78,6 +78,11 @@ class LearnerState:
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    @property
+    def norm(self) -> Normalization:
+        """The normalisation, typed (``normalization`` keeps it as ``learner.json`` holds it)."""
+        return Normalization.from_json(self.normalization)
+
     def to_json(self) -> dict[str, Any]:
         """The object ``learner.json`` (and each step's ``state.json``) holds."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
@@ -138,7 +143,7 @@ class Learner:
 
     @property
     def norm(self) -> Normalization:
-        return Normalization.from_json(self.state.normalization)
+        return self.state.norm
 
     def save(self, path: Path, keep: int | None = None) -> None:
         """Commit the learner's current step to ``path`` (see :func:`sbcli.learner.store.commit.commit_step`).
