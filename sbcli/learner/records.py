@@ -139,6 +139,57 @@ class TestSampleSettings:
         return cls(**data) if data else None
 
 
+PRETRAINED_KEYS = ("source", "name", "repo", "revision", "commit", "file", "sha256", "arch", "width", "classes", "steps",
+                   "input_size", "package", "version")
+
+
+@dataclass(frozen=True)
+class PretrainedRecord:
+    """What a learner records of the pretrained backbone it started from (``provenance.pretrained``), typed.
+
+    ``source`` says where the weights came from: ``hub`` (``repo``, ``revision``, ``commit``, ``file``), ``file``
+    or ``learner`` (by ``name``, never a path; a learner's ``width``, ``classes`` and ``steps``), ``package`` (a
+    weight package: ``name``, ``package``, ``version``, ``file``), or ``random`` (none, asked for on purpose).
+    ``sha256`` is the weights' hash, ``arch`` the architecture they were loaded on, ``input_size`` the square
+    resolution they were trained at where it is known. A field None is one the record does not hold; ``extra``
+    keeps keys this sbcli does not know, and ``order`` the order the keys were written in, so that
+    ``to_json`` gives back the object it was read from.
+    """
+
+    source: str
+    name: str | None = None
+    repo: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+    file: str | None = None
+    sha256: str | None = None
+    arch: str | None = None
+    width: float | None = None
+    classes: int | None = None
+    steps: int | None = None
+    input_size: int | None = None
+    package: str | None = None
+    version: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def origin(self) -> str:
+        """How a message names the weights: their name, else their repository, else where they came from."""
+        return self.name or self.repo or self.source
+
+    def to_json(self) -> dict[str, Any]:
+        known = {k: getattr(self, k) for k in PRETRAINED_KEYS if getattr(self, k) is not None}
+        data = {**known, **self.extra}
+        first = [k for k in self.order if k in data]
+        return {k: data[k] for k in [*first, *(k for k in data if k not in first)]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PretrainedRecord:
+        return cls(**{k: data[k] for k in PRETRAINED_KEYS if k in data}, extra=_unknown(data, PRETRAINED_KEYS),
+                   order=tuple(data))
+
+
 PROVENANCE_KEYS = ("dataset", "sbcli_version", "torch_version", "python", "pretrained")
 
 
@@ -156,6 +207,11 @@ class Provenance:
     python: str | None = None
     pretrained: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def backbone(self) -> PretrainedRecord | None:
+        """The pretrained backbone's record, typed (None: the learner records none)."""
+        return None if self.pretrained is None else PretrainedRecord.from_json(self.pretrained)
 
     def to_json(self) -> dict[str, Any]:
         known = {k: getattr(self, k) for k in PROVENANCE_KEYS if getattr(self, k) is not None}
