@@ -193,7 +193,7 @@ def test_a_format_1_learner_is_pushed_without_its_paths(trained: dict[str, Path]
     (legacy / "learner.json").write_text(json.dumps(state))
     assert api.evaluate(legacy, device="cpu").test_data.used == "folder"  # its own path, still here
     public = public_state(read_state(legacy))
-    assert str(trained["data"]) not in json.dumps([t.to_json() for t in public.tasks]) + json.dumps(public.plan)
+    assert str(trained["data"]) not in json.dumps([t.to_json() for t in public.tasks]) + json.dumps(public.plan.to_json())
     assert public.tasks[0].source == {"kind": "folder", "name": "train", "dataset": trained["data"].name,  # photos/train: photos
                                          "image_size": 16, "test": {"name": "test"}}
 

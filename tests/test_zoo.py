@@ -83,8 +83,8 @@ def test_bundled_learner_is_what_its_entry_and_recipe_say(entry: ZooEntry) -> No
     assert [state.class_task.count(t) for t in range(state.steps)] == entry.tasks
     assert (state.method, state.method_config.inference) == (entry.method, entry.inference)
     assert f"{state.arch} x{state.width}" == entry.network and state.image_size == entry.image_size
-    assert state.plan["scenario"]["order"] == class_order(entry.num_classes, recipe["order_seed"])
-    assert state.plan["source"]["kind"] == recipe["source"]
+    assert state.plan.scenario["order"] == class_order(entry.num_classes, recipe["order_seed"])
+    assert state.plan.data_source.kind == recipe["source"]
     train = state.train_config
     assert (train.epochs, train.batch_size, train.lr) == (recipe["epochs"], recipe["batch_size"], recipe["lr"])
     assert state.memory.to_json() == {"budget": recipe["memory"], "selection": recipe["selection"], "seed": recipe["seed"]}

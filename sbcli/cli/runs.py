@@ -74,7 +74,7 @@ def closing_line(history: list[StepRecord]) -> str:
 
 def _training_images(tasks: list[TaskRecord]) -> int | None:
     """How many training images the learner's tasks had (None when a task did not record it, e.g. format 1)."""
-    counts = [t.source.get("train", {}).get("counts") for t in tasks]
+    counts = [t.data_source.train_counts for t in tasks]
     return None if not counts or any(c is None for c in counts) else sum(sum(c) for c in counts)
 
 

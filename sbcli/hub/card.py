@@ -72,7 +72,7 @@ def method_title(name: str) -> str:
 
 def _sources(state: LearnerState, data_only: bool = False) -> list[dict]:
     """Each step's data record (``data_only``: the steps that brought data, not those that took classes out)."""
-    return [public_record(t.source) for t in state.tasks if not (data_only and t.source.get("kind") == "forget")]
+    return [public_record(t.source) for t in state.tasks if not (data_only and t.data_source.kind == "forget")]
 
 
 def hub_datasets(state: LearnerState) -> list[str]:
@@ -84,7 +84,7 @@ def hub_datasets(state: LearnerState) -> list[str]:
 def _dataset(state: LearnerState, upto: int) -> tuple[str, str]:
     """(type, name) of the test data after step ``upto``: a Hub id, or ``imagefolder`` and the data's names
     (what the user called it: ``--name``, or the folder above train/ and test/)."""
-    sources = [public_record(t.source) for t in state.tasks[:upto] if t.source.get("kind") != "forget"]
+    sources = [public_record(t.source) for t in state.tasks[:upto] if t.data_source.kind != "forget"]
     kinds = {s["kind"] for s in sources}
     if len(kinds) == 1 and (kind := kinds.pop()) in HUB_DATASETS:
         return HUB_DATASETS[kind], kind

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sbcli.data.records import SourceRecord
 from sbcli.engine.loop import PhaseReport
 from sbcli.learner.test_sample import DEFAULT_CAP, CarriedSample
 from sbcli.metrics import StepMetrics
@@ -90,12 +91,39 @@ class TaskRecord:
     source: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def data_source(self) -> SourceRecord:
+        """``source`` typed."""
+        return SourceRecord.from_json(self.source)
+
     def to_json(self) -> dict[str, Any]:
         return {"classes": self.classes, "source": self.source, **self.extra}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskRecord:
         return cls(data["classes"], data["source"], _unknown(data, ("classes", "source")))
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    """What a learner trained as a whole sequence (`sb train`) keeps for ``--resume``: its data source's record
+    and its scenario (``{"order": [...], "sizes": [...]}``: :class:`sbcli.data.scenario.Scenario`'s JSON)."""
+
+    source: dict[str, Any]
+    scenario: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def data_source(self) -> SourceRecord:
+        """``source`` typed."""
+        return SourceRecord.from_json(self.source)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "scenario": self.scenario, **self.extra}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SequencePlan:
+        return cls(data["source"], data["scenario"], _unknown(data, ("source", "scenario")))
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from sbcli.errors import ConfigError, LearnerError
 from sbcli.hub.pretrained import RANDOM
 from sbcli.hub.weight_packages import check_input_size
 from sbcli.learner import preflight, validate
-from sbcli.learner.records import MemorySettings, PretrainedRecord, Provenance, TaskRecord
+from sbcli.learner.records import MemorySettings, PretrainedRecord, Provenance, SequencePlan, TaskRecord
 from sbcli.learner.state import Learner, LearnerState, read_state
 from sbcli.learner.store import legacy
 from sbcli.learner.store.commit import after_commit
@@ -175,7 +175,7 @@ def check_out(out: Path, resume: bool) -> None:
                            f"older sbcli saved it); grow it with `sb add-task {out} FOLDER`.")
 
 
-def new_state(run: RunOptions, image_size: int, norm: dict, plan: dict | None, dataset: str | None) -> LearnerState:
+def new_state(run: RunOptions, image_size: int, norm: dict, plan: SequencePlan | None, dataset: str | None) -> LearnerState:
     """A new learner's state: no classes, the run's settings (``plan``: the sequence for --resume, None for a learner
     grown task by task; ``dataset``: the source's kind, None before any)."""
     cfg = build_config(run.method, run.method_options)
@@ -203,12 +203,12 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     opened = resize_opened(only_classes(opened, scenario.order), spec)
     image_size = spec.get("image_size") or spec_image_size(spec)
     preflight.check_free_space(out, preflight.save_bytes(run.arch, run.width, len(scenario.order), image_size, run.memory))
-    plan = {"source": record, "scenario": scenario.to_json()}
+    plan = SequencePlan(record, scenario.to_json())
     if resume:
         learner = Learner.load(out, device)
         _check_same_weights(learner, run, out)
-        stored = learner.state.plan or {}
-        if stored.get("scenario") != plan["scenario"] or not same_source(stored.get("source", {}), record):
+        stored = learner.state.plan
+        if stored is None or stored.scenario != plan.scenario or not same_source(stored.source, record):
             raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
     else:
         state = new_state(run, image_size, normalization(opened, weights, timm_in).to_json(), plan, spec["kind"])
