@@ -48,6 +48,8 @@ HOMES = (
     "sbcli/run/plan.py",  # a sequence's plan
     "sbcli/engine/loop.py",  # a phase's report
     "sbcli/methods/split_bridge.py",  # Split-and-Bridge's step record
+    "sbcli/methods/ranpac.py",  # a ridge head's step record
+    "sbcli/methods/ridge_forget.py",  # a forget step's record
     "sbcli/run/evaluation.py",  # api.evaluate's result
     "sbcli/metrics.py",  # a history's summary
 )

@@ -22,6 +22,7 @@ from sbcli.learner import rollback as rollbacks
 from sbcli.learner.records import MemorySettings, Provenance, StepRecord, TaskRecord, TestSampleSettings
 from sbcli.learner.state import Learner, LearnerState, read_state
 from sbcli.methods import METHODS
+from sbcli.methods.ridge_forget import ForgetRecord
 from sbcli.methods.split_bridge import SplitBridgeRecord
 from sbcli.nets import list_models
 from sbcli.run import add_task as adding
@@ -38,7 +39,7 @@ from sbcli.watch.watcher import WatcherLike
 ProgressFn = WatcherLike  # watchers (sbcli.watch.watcher.Watcher), a function of each epoch's event, or a list of either
 
 __all__ = [
-    "AddTaskOptions", "Evaluation", "Learner", "LearnerState", "MemorySettings", "ProgressFn", "Provenance", "RunOptions",
+    "AddTaskOptions", "Evaluation", "ForgetRecord", "Learner", "LearnerState", "MemorySettings", "ProgressFn", "Provenance", "RunOptions",
     "SequenceOptions", "SplitBridgeRecord", "StepFn", "StepMetrics", "StepRecord", "StepSummary", "Summary", "TaskRecord", "TaskTestData",
     "TestDataReport", "TestSampleSettings", "add_task",
     "architectures", "evaluate", "forget", "export_int8", "export_onnx", "export_triton", "is_main_process", "learner_state",

@@ -166,7 +166,7 @@ def serving_model(learner: Learner) -> ServingModel:
 def metadata(learner: Learner, cfg: OnnxConfig = OnnxConfig()) -> dict[str, str]:
     """The strings stored in the model's ``metadata_props`` (JSON where structured, strict)."""
     s = learner.state
-    spec = preprocess.for_model(s.image_size, s.normalization)
+    spec = preprocess.for_model(s.image_size, s.norm.mean, s.norm.std)
     return {
         "sbcli_format": META_FORMAT,
         "sbcli_version": __version__,
