@@ -1,12 +1,14 @@
 """Count the places in the package that read a stored payload by a string key outside the payload's home.
 
-A stored payload is a nested JSON object a learner keeps (a step's method record and phases, a task's data
-source, the pretrained backbone's provenance, a sequence's plan, the normalisation) or one of the results
-the Python API hands back (``api.evaluate``'s result, a history's summary). Each has a home: the module that
+A stored payload is a nested JSON object a learner keeps (a step's method record, phases and engine settings,
+the metrics' counts, a task's data source, the pretrained backbone's provenance, a sequence's plan, the
+normalisation) or one of the results the Python API hands back (``api.evaluate``'s result and the test data
+it used, a history's summary). Each has a home: the module that
 writes and parses it, where reading its JSON by key is the job. Everywhere else a reader should see a typed
 record's attributes.
 
-What counts, read from the syntax tree of every module of ``sbcli/`` outside :data:`HOMES`:
+What counts, read from the syntax tree of every module of ``sbcli/`` outside :data:`HOMES` (tests and
+benchmarks read learner.json as any JSON reader would, and are not counted):
 
 - ``P["key"]`` (a subscript by a string constant, not an assignment to one), ``P.get("key", ...)`` and
   ``"key" in P`` / ``"key" not in P``,
@@ -34,7 +36,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PAYLOAD_ATTRS = frozenset({"record", "phases", "source", "pretrained", "plan", "normalization", "test_data", "summary"})
+PAYLOAD_ATTRS = frozenset({"record", "phases", "source", "pretrained", "plan", "normalization", "train_config", "counts",
+                           "test_data", "summary"})
 PAYLOAD_CALLS = frozenset({"evaluate", "history_summary", "summary"})
 # Each payload's home: where its JSON is written and parsed (and the learner's format is checked and migrated).
 HOMES = (
