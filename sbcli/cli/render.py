@@ -14,8 +14,7 @@ from sbcli.cli.console import console
 from sbcli.jsonutil import strict
 
 if TYPE_CHECKING:
-    from sbcli.api import StepRecord
-    from sbcli.metrics import Summary
+    from sbcli.api import StepRecord, Summary
 
 ERR = console(stderr=True)
 OUT = console(highlight=False)
