@@ -61,7 +61,7 @@ def report(out: Path, names: list[str], seeds: list[int]) -> str:
             lasts.append(m.overall)
             avgs.append(sum(x.metrics.overall for x in h[1:]) / max(1, len(h) - 1))
             cells.append(f"{m.overall:.1f} ({m.old:.1f} / {m.new:.1f})")
-            forgetting.append(history_summary(h)["forgetting"])
+            forgetting.append(history_summary(h).forgetting)
         rows.append(f"| {name} | {', '.join(secs)} | {'; '.join(cells)} | {sum(lasts) / len(lasts):.1f} | "
                     f"{sum(avgs) / len(avgs):.1f} | {sum(forgetting) / len(forgetting):.1f} |")
     return "\n".join(rows)

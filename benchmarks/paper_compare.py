@@ -335,9 +335,9 @@ def cpu_evaluation(learner: Path) -> dict:
     """``sb evaluate --device cpu`` of a learner against the accuracy its training recorded."""
     start = time.perf_counter()
     result = api.evaluate(learner, device="cpu")
-    trained = result["history"][-1].metrics.overall
-    return {"learner": learner.name, "trained_overall": trained, "cpu_overall": result["metrics"]["overall"],
-            "same": result["metrics"]["overall"] == trained, "test_images": result["test_images"],
+    trained = result.history[-1].metrics.overall
+    return {"learner": learner.name, "trained_overall": trained, "cpu_overall": result.metrics.overall,
+            "same": result.metrics.overall == trained, "test_images": result.test_images,
             "seconds": round(time.perf_counter() - start, 1)}
 
 

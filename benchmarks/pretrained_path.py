@@ -155,7 +155,7 @@ def run_one(name: str, backbone: Path, tasks: list[tuple[Path, Path]], out: Path
     history = json.loads((out / "learner.json").read_text())["history"]
     settings = ("arch", "width", "epochs", "lr", "memory", "per_class", "test_per_class", "tasks")
     return {"method": name, "seed": seed, "grow": grow_name(args),
-            "summary": history_summary([StepRecord.from_json(h) for h in history]),
+            "summary": history_summary([StepRecord.from_json(h) for h in history]).to_json(),
             "overall": [h["metrics"]["overall"] for h in history], "first_task_s": round(first, 2),
             "add_task_s": add_seconds, "step_s": [h["seconds"] for h in history[1:]], "settings": {k: getattr(args, k) for k in settings}}
 

@@ -109,7 +109,7 @@ def run_one(name: str, tasks: list[tuple[Path, Path]], out: Path, args: argparse
     from sbcli.metrics import history_summary
 
     last = history[-1]["metrics"]
-    return {"method": name, "seed": seed, "summary": history_summary([StepRecord.from_json(h) for h in history]), "last_old": last["old"],
+    return {"method": name, "seed": seed, "summary": history_summary([StepRecord.from_json(h) for h in history]).to_json(), "last_old": last["old"],
             "last_new": last["new"], "overall": [h["metrics"]["overall"] for h in history],
             "first_task_s": round(first, 2), "add_task_s": add_seconds,
             "pretrained": state.get("provenance", {}).get("pretrained"),

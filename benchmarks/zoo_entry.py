@@ -59,8 +59,8 @@ def main() -> None:
             files[rel] = sha256_file(args.out / rel)
     summary = history_summary(history)
     metrics = {"accuracy_per_step": [round(h.metrics.overall, 2) for h in history],
-               "avg_incremental_1_to_T": round(summary["avg_incremental_1_to_T"], 2), "last": round(summary["last"], 2),
-               "forgetting": round(summary["forgetting"], 2), "test_images": subset.images - args.per_class * len(names),
+               "avg_incremental_1_to_T": round(summary.avg_incremental_1_to_T, 2), "last": round(summary.last, 2),
+               "forgetting": round(summary.forgetting, 2), "test_images": subset.images - args.per_class * len(names),
                "train_images": args.per_class * len(names), "build_seconds": round(seconds, 1)}
     print(json.dumps({"name": args.name, "subset_sha256": subset.sha256, "class_order": order, "metrics": metrics,
                       "files": files, "seconds": seconds}))

@@ -120,15 +120,25 @@ def forgetting(acc: np.ndarray) -> float:
     return float(np.mean(drops)) if drops else float("nan")
 
 
-def summary(overall: list[float], per_task_rows: list[list[float]]) -> dict:
+@dataclass(frozen=True)
+class Summary:
+    """A sequence's summary (in %): average incremental accuracy over steps 2..T (the paper's) and over 1..T,
+    the last step's accuracy and the forgetting (points); NaN where there is no value."""
+
+    avg_incremental_2_to_T: float
+    avg_incremental_1_to_T: float
+    last: float
+    forgetting: float
+
+    def to_json(self) -> dict:
+        return {"avg_incremental_2_to_T": self.avg_incremental_2_to_T, "avg_incremental_1_to_T": self.avg_incremental_1_to_T,
+                "last": self.last, "forgetting": self.forgetting}
+
+
+def summary(overall: list[float], per_task_rows: list[list[float]]) -> Summary:
     """The sequence's summary: both averages, last-step accuracy and forgetting."""
-    acc = accuracy_matrix(per_task_rows)
-    return {
-        "avg_incremental_2_to_T": average_incremental(overall, skip_first=True),
-        "avg_incremental_1_to_T": average_incremental(overall, skip_first=False),
-        "last": overall[-1] if overall else float("nan"),
-        "forgetting": forgetting(acc),
-    }
+    return Summary(average_incremental(overall, skip_first=True), average_incremental(overall, skip_first=False),
+                   overall[-1] if overall else float("nan"), forgetting(accuracy_matrix(per_task_rows)))
 
 
 class Step(Protocol):
@@ -138,6 +148,6 @@ class Step(Protocol):
     def metrics(self) -> StepMetrics: ...
 
 
-def history_summary(history: Sequence[Step]) -> dict:
+def history_summary(history: Sequence[Step]) -> Summary:
     """:func:`summary` of a learner's history (one record per step, with its ``metrics``)."""
     return summary([h.metrics.overall for h in history], [h.metrics.per_task for h in history])

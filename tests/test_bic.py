@@ -138,7 +138,7 @@ def test_std_bic_learner_keeps_its_correction_and_loads_it(four_colors, tmp_path
     assert loaded.extra[bic.SCALE_KEY][2:].tolist() == pytest.approx([record["bic_alpha"]] * 2)
     assert set(loaded.model.state_dict()) == set(create_model("resnet18", 4, 0.125).state_dict())
     evaluated = api.evaluate(out, device="cpu")
-    assert evaluated["metrics"]["overall"] == pytest.approx(learner.state.history[-1].metrics.overall)
+    assert evaluated.metrics.overall == pytest.approx(learner.state.history[-1].metrics.overall)
 
 
 def test_bic_refuses_a_memory_too_small_to_hold_out(four_colors, tmp_path):

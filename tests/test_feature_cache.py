@@ -121,7 +121,7 @@ def test_a_frozen_learner_scores_the_same_from_cached_features(color_data, one_t
     step = api.add_task(out, color_data["task2_train"], color_data["task2_test"], device="cpu")
     learner = Learner.load(out)
     test = api.evaluate(out)
-    assert test["metrics"]["overall"] == step.metrics.overall  # read back from the cache, as recorded
+    assert test.metrics.overall == step.metrics.overall  # read back from the cache, as recorded
     from sbcli.run.evalsets import load_test_sets
 
     images = load_test_sets(learner)

@@ -79,8 +79,8 @@ def test_pulling_the_demo_learner_says_what_sb_evaluate_then_does(tmp_path):
     report = api.pull("demo-sb-tiny", tmp_path / "demo")
     said = " ".join(report.notes)
     assert "--data-root" not in said and "ship with sbcli, so `sb evaluate` works anywhere" in said
-    used = api.evaluate(report.path, device="cpu")["test_data"]["tasks"]
-    assert used and all(task["images"] > 0 for task in used)  # found by itself, as the note says
+    used = api.evaluate(report.path, device="cpu").test_data.tasks
+    assert used and all(task.images > 0 for task in used)  # found by itself, as the note says
 
 
 def test_train_and_add_task_say_what_they_will_do_before_the_first_epoch(color_data, tmp_path):

@@ -324,9 +324,9 @@ ON_EACH_TRAINED = pytest.mark.parametrize("trained", [pytest.param("cpu", id="cp
 def test_a_learner_trained_on_the_device_evaluates_on_the_cpu_with_the_same_accuracy(trained):
     state = json.loads((trained / "learner.json").read_text())
     on_cpu = api.evaluate(trained, device="cpu")
-    assert on_cpu["steps"] == 2 and on_cpu["test_images"] == 32
-    assert on_cpu["metrics"]["overall"] == state["history"][-1]["metrics"]["overall"]
-    assert on_cpu["metrics"]["per_task"] == state["history"][-1]["metrics"]["per_task"]
+    assert on_cpu.steps == 2 and on_cpu.test_images == 32
+    assert on_cpu.metrics.overall == state["history"][-1]["metrics"]["overall"]
+    assert on_cpu.metrics.per_task == state["history"][-1]["metrics"]["per_task"]
 
 
 @pytest.fixture(scope="module")

@@ -105,3 +105,51 @@ def test_a_step_without_what_its_record_needs_is_refused_as_damaged_before_any_r
             entry[key] = value
         with pytest.raises(LearnerError, match=f"history\\[0\\].{key}"):
             validate.check_state_json({**raw, "history": [entry, *raw["history"][1:]]}, "learner.json")
+
+
+def test_the_nested_records_read_typed_give_back_the_json_they_were_read_from():
+    from sbcli.data.records import SourceRecord
+    from sbcli.engine.loop import PhaseReport
+    from sbcli.learner.records import PretrainedRecord, SequencePlan
+
+    pretrained = [
+        {"source": "hub", "repo": "timm/resnet18.a1_in1k", "revision": "main", "commit": "abc", "file": "model.safetensors",
+         "sha256": "00" * 32, "arch": "resnet18-in", "input_size": 224},
+        {"source": "learner", "name": "base", "sha256": "11" * 32, "arch": "resnet18", "width": 0.5, "classes": 10, "steps": 2},
+        {"source": "package", "name": "lite0", "package": "some-weights", "version": "1.0", "file": "w.pth",
+         "sha256": "22" * 32, "input_size": 224, "arch": "timm/efficientnet_lite0", "from_a_newer_sbcli": 1},
+        {"source": "random"},
+    ]
+    for record in pretrained:
+        assert json.dumps(PretrainedRecord.from_json(record).to_json()) == json.dumps(record)
+    typed = PretrainedRecord.from_json(pretrained[1])
+    assert (typed.origin, typed.width, typed.input_size) == ("base", 0.5, None)
+    record = {"kind": "folder", "name": "train", "dataset": "photos", "image_size": 32,
+              "train": {"classes": ["a", "b"], "counts": [3, 4], "sha256": "33" * 32}, "test": {"name": "val"}}
+    spec = {"kind": "cifar100", "root": "/data/c100", "test": "/data/c100/test"}  # format 1: paths
+    for source in (record, spec, {"kind": "demo"}):
+        assert json.dumps(SourceRecord.from_json(source).to_json()) == json.dumps(source)
+    assert SourceRecord.from_json(record).train_counts == [3, 4] and SourceRecord.from_json(record).legacy_path is None
+    assert SourceRecord.from_json(spec).legacy_path == "/data/c100" and SourceRecord.from_json(spec).train_counts is None
+    plan = {"source": spec, "scenario": {"order": [1, 0], "sizes": [1, 1]}, "note": "kept"}
+    assert json.dumps(SequencePlan.from_json(plan).to_json()) == json.dumps(plan)
+    phase = {"name": "C", "epochs": 2, "final_loss": 0.5, "seconds": 1.25, "images_per_s": 80.0, "precision": "bf16",
+             "processes": 1, "selected_epoch": 2}
+    assert json.dumps(PhaseReport.from_json(phase).to_json()) == json.dumps(phase)
+    older = PhaseReport.from_json({"name": "base", "epochs": 1})  # format 1: what a phase did not record yet
+    assert (older.precision, older.processes, older.seconds) == ("fp32", 1, 0.0)
+    step = StepRecord.from_json({"step": 2, "num_classes": 4, "metrics": {"overall": 1.0, "per_task": [1.0, 1.0]},
+                                 "phases": [phase, {"name": "A", "epochs": 3}]})
+    assert [p.name for p in step.phase_reports] == ["C", "A"] and step.epochs_trained == 5
+
+
+def test_split_and_bridge_records_read_typed():
+    from sbcli.methods.split_bridge import SplitBridgeRecord
+
+    after = {"overall": 30.0, "per_task": [20.0, 40.0]}
+    record = {"partition": {"is_split": True}, "cross_norm_before_disconnect": 1.5, "after_B": after,
+              "after_C": {**after, "overall": 35.0}, "wa_factor": 0.9}
+    typed = SplitBridgeRecord.from_json(record)
+    assert typed is not None and (typed.after_B.overall, typed.after_C.overall, typed.wa_factor) == (30.0, 35.0, 0.9)
+    assert typed.before_balance is None and typed.partition == {"is_split": True}
+    assert SplitBridgeRecord.from_json({"exact": True}) is None  # another method's record

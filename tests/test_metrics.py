@@ -15,7 +15,7 @@ def test_forgetting_is_the_mean_drop_from_the_best_earlier_accuracy():
     acc = accuracy_matrix([[90.0], [80.0, 70.0], [60.0, 65.0, 88.0]])
     assert np.isnan(acc[0, 1])
     assert math.isclose(forgetting(acc), ((90 - 60) + (70 - 65)) / 2)
-    assert math.isnan(summary([90.0], [[90.0]])["forgetting"])
+    assert math.isnan(summary([90.0], [[90.0]]).forgetting)
 
 
 def test_forgetting_leaves_out_a_task_with_no_value_at_the_last_step():

@@ -118,7 +118,7 @@ def test_icarl_evaluation_uses_the_nearest_mean(icarl_learner):
     feats = engine.features(learner.model, test.images)
     nearest = torch.cdist(torch.nn.functional.normalize(feats, dim=1), learner.extra[nme.MEANS_KEY]).argmin(1)
     expected = float((nearest == test.labels).float().mean()) * 100
-    assert api.evaluate(icarl_learner, device="cpu")["metrics"]["overall"] == pytest.approx(expected)
+    assert api.evaluate(icarl_learner, device="cpu").metrics.overall == pytest.approx(expected)
 
 
 def test_icarl_history_records_the_network_output_beside_the_nearest_mean(icarl_learner):
@@ -128,6 +128,6 @@ def test_icarl_history_records_the_network_output_beside_the_nearest_mean(icarl_
     last = learner.state.history[-1]
     network = float((engine.logits(learner.model, test.images).argmax(1) == test.labels).float().mean()) * 100
     assert last.network_metrics.overall == pytest.approx(network)
-    assert last.metrics.overall == pytest.approx(api.evaluate(icarl_learner, device="cpu")["metrics"]["overall"])
+    assert last.metrics.overall == pytest.approx(api.evaluate(icarl_learner, device="cpu").metrics.overall)
     assert all(h.network_metrics is not None and set(h.network_metrics.to_json()) == set(h.metrics.to_json())
                for h in learner.state.history)

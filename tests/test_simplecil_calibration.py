@@ -144,9 +144,9 @@ def test_a_learner_without_the_scale_scores_the_plain_cosines_with_the_same_accu
     assert [p.labels for p in before] == [p.labels for p in after]  # the same predictions
     p_before = sum(p.probabilities[0] for p in before) / len(images)
     p_after = sum(p.probabilities[0] for p in after) / len(images)
-    acc = [api.evaluate(d, six_colours["test"], device="cpu")["metrics"] for d in (old, tmp_path / "new")]
+    acc = [api.evaluate(d, six_colours["test"], device="cpu").metrics for d in (old, tmp_path / "new")]
     assert acc[0] == acc[1]
-    print(f"\n6 colours, scale {float(scale):g}, accuracy {acc[1]['overall']:.1f} %: mean top probability "
+    print(f"\n6 colours, scale {float(scale):g}, accuracy {acc[1].overall:.1f} %: mean top probability "
           f"{p_before:.3f} without the scale -> {p_after:.3f} with it")
     assert p_before < 1.5 / 6 and p_after > 2 * p_before
 

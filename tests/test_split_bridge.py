@@ -245,6 +245,11 @@ def test_config_refuses_bad_values():
 # --------------------------------------------------------------------------------------------
 
 
+def accuracy(overall: float) -> dict:
+    """A phase's metrics as a step's record keeps them (only the accuracy over every class matters here)."""
+    return {"overall": overall, "per_task": [overall]}
+
+
 def ablation_step(n: int, overall: float, record: dict) -> StepRecord:
     """A step as the ablation table reads it: its number, its final accuracy and the method's record."""
     nan = float("nan")
@@ -256,23 +261,23 @@ def test_ablation_table_rows_per_incremental_step():
         return ablation_step(n, 40.0 + n, record)
 
     history = [step(1, {}),
-               step(2, {"after_B": {"overall": 30.0}, "after_C": {"overall": 35.0}, "wa_factor": 0.9,
+               step(2, {"after_B": accuracy(30.0), "after_C": accuracy(35.0), "wa_factor": 0.9,
                         "cross_norm_before_disconnect": 1.5}),
-               step(3, {"after_C": {"overall": 33.0}, "wa_factor": 0.8}),  # bf = 1: not split
-               step(4, {"after_B": {"overall": 20.0}, "after_C": {"overall": 25.0}})]  # --inference none
+               step(3, {"after_C": accuracy(33.0), "wa_factor": 0.8}),  # bf = 1: not split
+               step(4, {"after_B": accuracy(20.0), "after_C": accuracy(25.0)})]  # --inference none
     console = Console(file=io.StringIO(), width=200)
     console.print(render.ablation_table(history))
     rows = [line.strip("│ ").split() for line in console.file.getvalue().splitlines() if line.startswith("│")]
     rows = [[cell for cell in row if cell != "│"] for row in rows]
     assert rows == [["2", "30.00", "35.00", "42.00", "1.5000"], ["3", "-", "33.00", "43.00", "-"],
                     ["4", "20.00", "25.00", "-", "-"]]
-    assert render.ablation_table([step(1, {}), step(2, {"before_wa": {"overall": 1.0}})]) is None
+    assert render.ablation_table([step(1, {}), step(2, {"before_wa": accuracy(1.0)})]) is None
 
 
 def test_ablation_table_shows_the_balance_phase_apart_from_weight_aligning():
     history = [ablation_step(1, 90.0, {}),
-               ablation_step(2, 60.0, {"after_B": {"overall": 30.0}, "after_C": {"overall": 35.0}, "wa_factor": 0.9,
-                                       "before_balance": {"overall": 51.5}, "cross_norm_before_disconnect": 1.5})]
+               ablation_step(2, 60.0, {"after_B": accuracy(30.0), "after_C": accuracy(35.0), "wa_factor": 0.9,
+                                       "before_balance": accuracy(51.5), "cross_norm_before_disconnect": 1.5})]
     console = Console(file=io.StringIO(), width=200)
     console.print(render.ablation_table(history))
     text = console.file.getvalue()

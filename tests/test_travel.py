@@ -93,24 +93,24 @@ def test_resume_accepts_the_same_source(trained: dict[str, Path]) -> None:
 
 def test_evaluate_says_which_test_images_it_used(trained: dict[str, Path], moved: dict[str, Path]) -> None:
     here = api.evaluate(trained["learner"], device="cpu")
-    assert here["test_data"]["used"] == "folder" and str(trained["data"] / "test") in here["test_data"]["tasks"][0]["detail"]
+    assert here.test_data.used == "folder" and str(trained["data"] / "test") in here.test_data.tasks[0].detail
     gone = api.evaluate(moved["learner"], device="cpu", data_roots=[])
     # the original folder is still where it was: the copy finds it by its fingerprint
-    assert gone["test_data"]["used"] == "folder"
+    assert gone.test_data.used == "folder"
     remapped = api.evaluate(moved["learner"], device="cpu", data_roots=[moved["data"]])
-    assert remapped["test_data"]["tasks"][0]["detail"] == f"the test set at {moved['data'] / 'test'}"
-    assert remapped["metrics"]["overall"] == here["metrics"]["overall"] and remapped["test_images"] == 16
+    assert remapped.test_data.tasks[0].detail == f"the test set at {moved['data'] / 'test'}"
+    assert remapped.metrics.overall == here.metrics.overall and remapped.test_images == 16
 
 
 def test_carried_sample_stands_in_for_a_moved_or_changed_folder(trained, moved, monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setenv("SBCLI_CACHE", str(tmp_path / "other-machine"))  # nothing remembered here
     result = api.evaluate(moved["learner"], device="cpu")
-    task = result["test_data"]["tasks"][0]
-    assert task["used"] == "sample" and task["images"] == 16 and "was not found here" in task["detail"]
+    task = result.test_data.tasks[0]
+    assert task.used == "sample" and task.images == 16 and "was not found here" in task.detail
     some_image = sorted((moved["data"] / "test" / "red").iterdir())[0]
     shutil.copyfile(sorted((moved["data"] / "test" / "green").iterdir())[0], some_image)  # same classes, other pixels
     changed = api.evaluate(moved["learner"], device="cpu", data_roots=[moved["data"]])
-    assert changed["test_data"]["used"] == "sample" and "changed since it was learned" in changed["test_data"]["tasks"][0]["detail"]
+    assert changed.test_data.used == "sample" and "changed since it was learned" in changed.test_data.tasks[0].detail
     res = CliRunner().invoke(app, ["evaluate", str(moved["learner"])], env={"COLUMNS": "200"})
     assert res.exit_code == 0 and "Test images of task 1: 16 from the carried test sample" in res.stderr
     res = CliRunner().invoke(app, ["evaluate", str(moved["learner"]), "--json"])
@@ -191,9 +191,9 @@ def test_a_format_1_learner_is_pushed_without_its_paths(trained: dict[str, Path]
     state.pop("hashes")  # a learner of before the file hashes
     state["format_version"] = 2
     (legacy / "learner.json").write_text(json.dumps(state))
-    assert api.evaluate(legacy, device="cpu")["test_data"]["used"] == "folder"  # its own path, still here
+    assert api.evaluate(legacy, device="cpu").test_data.used == "folder"  # its own path, still here
     public = public_state(read_state(legacy))
-    assert str(trained["data"]) not in json.dumps([t.to_json() for t in public.tasks]) + json.dumps(public.plan)
+    assert str(trained["data"]) not in json.dumps([t.to_json() for t in public.tasks]) + json.dumps(public.plan.to_json())
     assert public.tasks[0].source == {"kind": "folder", "name": "train", "dataset": trained["data"].name,  # photos/train: photos
                                          "image_size": 16, "test": {"name": "test"}}
 

@@ -63,9 +63,9 @@ def test_a_learner_travels(fake_hub: FakeHub, tmp_path: Path, monkeypatch: pytes
 
     folders_b.rename(tmp_path / "bob" / "B-away")
     result = api.evaluate(mine, device="cpu")
-    assert result["test_data"]["used"] == "sample" and result["test_images"] == 48
-    metrics = result["metrics"]
-    assert metrics["old"] > 60 and metrics["new"] > 60, metrics  # chance is 100/6 %
+    assert result.test_data.used == "sample" and result.test_images == 48
+    metrics = result.metrics
+    assert metrics.old > 60 and metrics.new > 60, metrics  # chance is 100/6 %
 
     report = api.export_onnx(mine, tmp_path / "bob" / "model.onnx")
     assert report.parity.argmax_agreement == 1.0
@@ -86,7 +86,7 @@ def test_a_learner_travels(fake_hub: FakeHub, tmp_path: Path, monkeypatch: pytes
             assert configs == {"step-1", "step-2", "step-3"} and "step-1" not in card.text
             assert "`step-2`" in card.text and "Training images inside: no." in card.text
         evaluated = api.evaluate(tmp_path / revision, device="cpu")
-        assert evaluated["test_data"]["used"] == "sample" and evaluated["metrics"]["overall"] > 50
+        assert evaluated.test_data.used == "sample" and evaluated.metrics.overall > 50
 
     step2 = Learner.load(tmp_path / "step-2")
     for key, value in trained.model.state_dict().items():

@@ -83,8 +83,8 @@ def test_bundled_learner_is_what_its_entry_and_recipe_say(entry: ZooEntry) -> No
     assert [state.class_task.count(t) for t in range(state.steps)] == entry.tasks
     assert (state.method, state.method_config.inference) == (entry.method, entry.inference)
     assert f"{state.arch} x{state.width}" == entry.network and state.image_size == entry.image_size
-    assert state.plan["scenario"]["order"] == class_order(entry.num_classes, recipe["order_seed"])
-    assert state.plan["source"]["kind"] == recipe["source"]
+    assert state.plan.scenario["order"] == class_order(entry.num_classes, recipe["order_seed"])
+    assert state.plan.data_source.kind == recipe["source"]
     train = state.train_config
     assert (train.epochs, train.batch_size, train.lr) == (recipe["epochs"], recipe["batch_size"], recipe["lr"])
     assert state.memory.to_json() == {"budget": recipe["memory"], "selection": recipe["selection"], "seed": recipe["seed"]}
@@ -92,7 +92,7 @@ def test_bundled_learner_is_what_its_entry_and_recipe_say(entry: ZooEntry) -> No
     measured = summary(overall, [h.metrics.per_task for h in state.history])
     assert entry.metrics["accuracy_per_step"] == [round(v, 2) for v in overall]
     for key in ("avg_incremental_2_to_T", "avg_incremental_1_to_T", "last", "forgetting"):
-        assert entry.metrics[key] == round(measured[key], 2), key
+        assert entry.metrics[key] == round(getattr(measured, key), 2), key
 
 
 @pytest.mark.parametrize("entry", BUNDLED, ids=ids)
@@ -100,7 +100,7 @@ def test_pulled_bundled_learner_reproduces_its_metrics(entry: ZooEntry, no_inter
     report = api.pull(entry.name, tmp_path / "pulled")
     assert report.verified == sorted(entry.files) and report.origin == f"zoo entry {entry.name} (bundled)"
     result = api.evaluate(tmp_path / "pulled", device="cpu")
-    assert abs(result["metrics"]["overall"] - entry.metrics["last"]) <= 100 / result["test_images"] + 0.01
+    assert abs(result.metrics.overall - entry.metrics["last"]) <= 100 / result.test_images + 0.01
 
 
 def test_sb_pull_of_the_bundled_entry_needs_no_network_nor_hub_library(tmp_path: Path) -> None:

@@ -22,11 +22,16 @@ from sbcli.learner import rollback as rollbacks
 from sbcli.learner.records import MemorySettings, Provenance, StepRecord, TaskRecord, TestSampleSettings
 from sbcli.learner.state import Learner, LearnerState, read_state
 from sbcli.methods import METHODS
+from sbcli.methods.ridge_forget import ForgetRecord
+from sbcli.methods.split_bridge import SplitBridgeRecord
 from sbcli.nets import list_models
 from sbcli.run import add_task as adding
 from sbcli.run import evaluation, sequence
 from sbcli.run import forget as forgetting
+from sbcli.metrics import StepMetrics, Summary
 from sbcli.run.add_task import AddTaskOptions
+from sbcli.run.evalsets import TaskTestData, TestDataReport
+from sbcli.run.evaluation import Evaluation
 from sbcli.run.sequence import StepFn, save_from_main, sequence_scenario
 from sbcli.run.steps import StepSummary
 from sbcli.watch.watcher import WatcherLike
@@ -34,8 +39,9 @@ from sbcli.watch.watcher import WatcherLike
 ProgressFn = WatcherLike  # watchers (sbcli.watch.watcher.Watcher), a function of each epoch's event, or a list of either
 
 __all__ = [
-    "AddTaskOptions", "Learner", "LearnerState", "MemorySettings", "ProgressFn", "Provenance", "RunOptions",
-    "SequenceOptions", "StepFn", "StepRecord", "StepSummary", "TaskRecord", "TestSampleSettings", "add_task",
+    "AddTaskOptions", "Evaluation", "ForgetRecord", "Learner", "LearnerState", "MemorySettings", "ProgressFn", "Provenance", "RunOptions",
+    "SequenceOptions", "SplitBridgeRecord", "StepFn", "StepMetrics", "StepRecord", "StepSummary", "Summary", "TaskRecord", "TaskTestData",
+    "TestDataReport", "TestSampleSettings", "add_task",
     "architectures", "evaluate", "forget", "export_int8", "export_onnx", "export_triton", "is_main_process", "learner_state",
     "method_summaries", "options", "predict", "pull", "push", "resolve_device", "rollback", "save_from_main",
     "sequence_scenario", "session", "train", "zoo",
@@ -95,10 +101,12 @@ def learner_state(learner_dir: Path, step: int | None = None) -> LearnerState:
 
 
 def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto", step: int | None = None,
-             data_roots: list[Path] | None = None) -> dict:
+             data_roots: list[Path] | None = None) -> Evaluation:
     """Accuracy of the learner now, or at kept step ``step`` (on ``folder``, else on each task's
     original test set when it is here and unchanged, else on the carried test sample) plus its
-    history, summary and ``test_data`` (which images were used, per task)."""
+    history, summary and ``test_data`` (which images were used, per task).
+
+    The :class:`Evaluation`'s fields are what ``sb evaluate`` shows; its ``to_json()`` is ``sb evaluate --json``."""
     return evaluation.evaluate(learner_dir, folder, device=device, step=step, data_roots=data_roots)
 
 

@@ -43,9 +43,9 @@ def cell_summary(history: list[StepRecord]) -> dict:
     later = [h.metrics for h in history[1:]]
     s = history_summary(history)
     return {
-        "avg_2_to_T": s["avg_incremental_2_to_T"],
-        "avg_1_to_T": s["avg_incremental_1_to_T"],
-        "last": s["last"],
+        "avg_2_to_T": s.avg_incremental_2_to_T,
+        "avg_1_to_T": s.avg_incremental_1_to_T,
+        "last": s.last,
         "classes": [h.num_classes for h in history],
         "accuracy": overall,
         "intra_old": _mean([m.intra_old for m in later]),
@@ -54,7 +54,7 @@ def cell_summary(history: list[StepRecord]) -> dict:
         "new": _mean([m.new for m in later]),
         "seconds": round(sum(h.seconds for h in history if h.seconds is not None), 1),
         "epochs_per_step": [h.epochs_trained for h in history],
-        "precision": sorted({p.get("precision", "fp32") for h in history for p in h.phases}),
+        "precision": sorted({p.precision for h in history for p in h.phase_reports}),
         **_network_summary(history),
     }
 
@@ -67,8 +67,8 @@ def _network_summary(history: list[StepRecord]) -> dict:
     if not history or len(network) < len(history):
         return {}
     s = summary([m.overall for m in network], [m.per_task for m in network])
-    return {"network": {"avg_2_to_T": s["avg_incremental_2_to_T"], "avg_1_to_T": s["avg_incremental_1_to_T"],
-                        "last": s["last"], "accuracy": [m.overall for m in network]}}
+    return {"network": {"avg_2_to_T": s.avg_incremental_2_to_T, "avg_1_to_T": s.avg_incremental_1_to_T,
+                        "last": s.last, "accuracy": [m.overall for m in network]}}
 
 
 def _mean(values: list[float]) -> float:

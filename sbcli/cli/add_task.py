@@ -87,10 +87,10 @@ def add_task(
         return
     after = step.state  # the learner as the step saved it: the CLI renders what the API answers, and reads nothing
     history = after.history if after is not None else []
-    result = history_summary(history) if history else {}
+    result = history_summary(history) if history else None
 
     def show() -> None:
-        if history:
+        if result is not None:  # a step saved: its history and summary
             line, hint = closing_line(history), keeping_hint(history, after.memory, after.provenance, after.tasks)
             for table in render.closing_tables(history, result):
                 render.OUT.print(table)
@@ -100,5 +100,6 @@ def add_task(
         render.OUT.print(f"Learner {plain(learner)} now knows {step.num_classes} classes (history.csv{render.png_note(learner)} updated).")
 
     render.Output(json_out).result({"step": step.step, "classes": step.num_classes, "metrics": step.metrics.to_json(),
-                                    "history": [h.to_json() for h in history], "summary": result, "notes": step.notes},
+                                    "history": [h.to_json() for h in history],
+                                    "summary": {} if result is None else result.to_json(), "notes": step.notes},
                                    show)

@@ -46,22 +46,21 @@ def evaluate(
     result = api.evaluate(learner, folder, device=device, step=step, data_roots=list(data_roots or []))
 
     def show() -> None:
-        used = result["test_data"]
         if folder is not None:
-            render.ERR.print(f"Test images: the {result['test_images']} images of {plain(folder)}.", highlight=False, soft_wrap=True)
-        for task in used["tasks"]:
-            render.ERR.print(f"Test images of task {task['task']}: {task['images']} from {plain(task['detail'])}.",
+            render.ERR.print(f"Test images: the {result.test_images} images of {plain(folder)}.", highlight=False, soft_wrap=True)
+        for task in result.test_data.tasks:
+            render.ERR.print(f"Test images of task {task.task}: {task.images} from {plain(task.detail)}.",
                              highlight=False, soft_wrap=True)
-        m = result["metrics"]
-        table = render.Table(title=f"{plain(result['learner'])}: {result['method']}, {result['classes']} classes, {result['test_images']} test images")
+        m = result.metrics
+        table = render.Table(title=f"{plain(result.learner)}: {result.method}, {result.classes} classes, {result.test_images} test images")
         for col in ("accuracy", "old", "new", "intra-old", "intra-new"):
             table.add_column(col, justify="right")
-        table.add_row(render.fmt(m["overall"]), render.fmt(m["old"]), render.fmt(m["new"]), render.fmt(m["intra_old"]),
-                      render.fmt(m["intra_new"]))
+        table.add_row(render.fmt(m.overall), render.fmt(m.old), render.fmt(m.new), render.fmt(m.intra_old),
+                      render.fmt(m.intra_new))
         render.OUT.print(table)
         if matrix:
-            render.OUT.print(render.matrix_table(result["history"], m["per_task"]))
-        for table in render.closing_tables(result["history"], result["summary"]):
+            render.OUT.print(render.matrix_table(result.history, m.per_task))
+        for table in render.closing_tables(result.history, result.summary):
             render.OUT.print(table)
 
-    render.Output(json_out).result({**result, "history": [h.to_json() for h in result["history"]]}, show)
+    render.Output(json_out).result(result.to_json(), show)

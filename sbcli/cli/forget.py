@@ -38,7 +38,7 @@ def forget(
     from sbcli.cli import render
 
     step = api.forget(learner, classes, data, device=device, keep=keep)
-    exact = bool(step.state.history[-1].record.get("exact")) if step.state is not None else False
+    exact = api.ForgetRecord.from_json(step.state.history[-1].record).exact if step.state is not None else False
 
     def show() -> None:
         if not quiet:

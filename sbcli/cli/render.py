@@ -14,7 +14,7 @@ from sbcli.cli.console import console
 from sbcli.jsonutil import strict
 
 if TYPE_CHECKING:
-    from sbcli.api import StepRecord
+    from sbcli.api import StepRecord, Summary
 
 ERR = console(stderr=True)
 OUT = console(highlight=False)
@@ -56,7 +56,7 @@ def matrix_table(history: list[StepRecord], now: list[float] | None = None) -> T
     return table
 
 
-def closing_tables(history: list[StepRecord], summary: dict) -> list[Table]:
+def closing_tables(history: list[StepRecord], summary: Summary) -> list[Table]:
     """What `sb train`, `sb add-task` and `sb evaluate` end with: the steps, the S&B ablation, the summary."""
     tables = [history_table(history)]
     ablation = ablation_table(history)
@@ -73,33 +73,33 @@ def ablation_table(history: list[StepRecord]) -> Table | None:
     the learner does not weight-align (``--inference none``). With ``--balance-epochs`` a "+balance"
     column shows the step's final accuracy, and "+WA" the accuracy before balancing.
     """
-    rows = [h for h in history if "after_C" in h.record]
+    from sbcli.api import SplitBridgeRecord
+
+    rows = [(h, r) for h in history if (r := SplitBridgeRecord.from_json(h.record)) is not None]
     if not rows:
         return None
-    balanced = any("before_balance" in h.record for h in rows)
+    balanced = any(r.before_balance is not None for _, r in rows)
     table = Table(title="Split-and-Bridge ablation: accuracy (%)")
     columns = ("step", "split (after B)", "split+bridge (after C)", "+WA", *(("+balance",) if balanced else ()),
                "cross norm before disconnect")
     for col in columns:
         table.add_column(col, justify="right")
-    for h in rows:
-        r = h.record
-        after_b = r.get("after_B", {}).get("overall")
+    for h, r in rows:
         final = h.metrics.overall
-        before_balance = r.get("before_balance", {}).get("overall", final)
-        with_wa = before_balance if "wa_factor" in r else None
-        balance = (fmt(final) if "before_balance" in r else "-",) if balanced else ()
-        table.add_row(str(h.step), fmt(after_b), fmt(r["after_C"]["overall"]), fmt(with_wa), *balance,
-                      fmt(r.get("cross_norm_before_disconnect"), 4))
+        before_balance = final if r.before_balance is None else r.before_balance.overall
+        with_wa = before_balance if r.wa_factor is not None else None
+        balance = (fmt(final) if r.before_balance is not None else "-",) if balanced else ()
+        table.add_row(str(h.step), fmt(None if r.after_B is None else r.after_B.overall), fmt(r.after_C.overall),
+                      fmt(with_wa), *balance, fmt(r.cross_norm_before_disconnect, 4))
     return table
 
 
-def summary_table(summary: dict) -> Table:
+def summary_table(summary: Summary) -> Table:
     table = Table(title="Summary (%)")
     for col in ("avg incr. acc (2..T, paper)", "avg incr. acc (1..T)", "last", "forgetting"):
         table.add_column(col, justify="right")
-    table.add_row(fmt(summary["avg_incremental_2_to_T"]), fmt(summary["avg_incremental_1_to_T"]),
-                  fmt(summary["last"]), fmt(summary["forgetting"]))
+    table.add_row(fmt(summary.avg_incremental_2_to_T), fmt(summary.avg_incremental_1_to_T), fmt(summary.last),
+                  fmt(summary.forgetting))
     return table
 
 

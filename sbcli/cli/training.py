@@ -43,7 +43,8 @@ def run_training(seq: Any, run: Any, out: Path, *, resume: bool, json_out: bool,
         render.OUT.print(f"Learner saved to {plain(out)} (with history.csv{render.png_note(out)}); "
                          f"add classes with `sb add-task {out} FOLDER --test FOLDER`.")
 
-    render.Output(json_out).result({"learner": str(out), "history": [h.to_json() for h in history], "summary": result},
+    render.Output(json_out).result({"learner": str(out), "history": [h.to_json() for h in history],
+                                    "summary": result.to_json()},
                                    show)
 
 
@@ -74,7 +75,7 @@ def closing_line(history: list[StepRecord]) -> str:
 
 def _training_images(tasks: list[TaskRecord]) -> int | None:
     """How many training images the learner's tasks had (None when a task did not record it, e.g. format 1)."""
-    counts = [t.source.get("train", {}).get("counts") for t in tasks]
+    counts = [t.data_source.train_counts for t in tasks]
     return None if not counts or any(c is None for c in counts) else sum(sum(c) for c in counts)
 
 

@@ -19,7 +19,9 @@ records (names only, no fingerprints) and :func:`is_legacy` tells them apart.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sbcli.data import whereabouts
 from sbcli.data.fingerprint import Fingerprint, fingerprint
@@ -29,6 +31,53 @@ from sbcli.errors import ConfigError
 PATH_KEYS = ("path", "root", "test")
 # Folder names that say which split a folder is, not what the data is: photos/train is "photos".
 SPLIT_NAMES = frozenset({"train", "training", "test", "testing", "val", "valid", "validation"})
+
+
+SOURCE_KEYS = ("kind", "name", "dataset", "image_size", "train", "test")
+
+
+@dataclass(frozen=True)
+class SourceRecord:
+    """A task's recorded data source (a record, or a format-1 spec), typed for its readers.
+
+    ``train`` and ``test`` are the recorded fingerprints (``test`` of a format-1 spec: its path, a string);
+    ``extra`` keeps every other key (a format-1 spec's ``path`` and ``root``, keys of a newer sbcli) and
+    ``order`` the order the keys were written in, so that ``to_json`` gives back the object it was read from.
+    """
+
+    kind: str
+    name: str | None = None
+    dataset: str | None = None
+    image_size: int | None = None
+    train: dict[str, Any] | None = None
+    test: dict[str, Any] | str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def train_counts(self) -> list[int] | None:
+        """The training images of each class, as recorded (None: not recorded, e.g. format 1)."""
+        return None if self.train is None else self.train.get("counts")
+
+    @property
+    def legacy_path(self) -> str | None:
+        """Where a format-1 spec said the test images were on the machine that trained it (None for a record)."""
+        if not is_legacy(self.to_json()):
+            return None
+        if self.kind == "folder":
+            return self.test if isinstance(self.test, str) else None
+        return self.extra.get("path", self.extra.get("root"))
+
+    def to_json(self) -> dict[str, Any]:
+        known = {k: getattr(self, k) for k in SOURCE_KEYS if getattr(self, k) is not None}
+        data = {**known, **self.extra}
+        first = [k for k in self.order if k in data]
+        return {k: data[k] for k in [*first, *(k for k in data if k not in first)]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SourceRecord:
+        return cls(**{k: data[k] for k in SOURCE_KEYS if k in data},
+                   extra={k: v for k, v in data.items() if k not in SOURCE_KEYS}, order=tuple(data))
 
 
 def source_name(spec: dict) -> str:

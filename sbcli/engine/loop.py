@@ -142,6 +142,15 @@ class PhaseReport:
                 "seconds": round(self.seconds, 3), "images_per_s": round(self.images_per_s, 1),
                 "precision": self.precision, "processes": self.processes, **self.extra}
 
+    @classmethod
+    def from_json(cls, data: dict) -> PhaseReport:
+        """A phase as a step's ``phases`` keep it; a learner written before a key existed reads its default
+        (fp32, one process, no time), and keys this sbcli does not know stay in ``extra``."""
+        known = ("name", "epochs", "final_loss", "seconds", "images_per_s", "precision", "processes")
+        return cls(data.get("name", ""), data.get("epochs", 0), data.get("final_loss", math.nan),
+                   data.get("seconds", 0.0), data.get("images_per_s", 0.0), data.get("precision", "fp32"),
+                   data.get("processes", 1), {k: v for k, v in data.items() if k not in known})
+
 
 def phase_lr(cfg: TrainConfig, task: int, phase: Phase | None = None) -> float:
     """The initial learning rate of a phase of step ``task`` (1-based): the phase's own, else

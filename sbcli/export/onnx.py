@@ -166,7 +166,7 @@ def serving_model(learner: Learner) -> ServingModel:
 def metadata(learner: Learner, cfg: OnnxConfig = OnnxConfig()) -> dict[str, str]:
     """The strings stored in the model's ``metadata_props`` (JSON where structured, strict)."""
     s = learner.state
-    spec = preprocess.for_model(s.image_size, s.normalization)
+    spec = preprocess.for_model(s.image_size, s.norm.mean, s.norm.std)
     return {
         "sbcli_format": META_FORMAT,
         "sbcli_version": __version__,
@@ -177,8 +177,7 @@ def metadata(learner: Learner, cfg: OnnxConfig = OnnxConfig()) -> dict[str, str]
         "input_range": "[0, 1]",
         "input_layout": "NCHW, RGB, float32, any batch size",
         "preprocess": json.dumps(spec.to_json()),
-        "normalization": json.dumps({"mean": list(s.normalization["mean"]), "std": list(s.normalization["std"]),
-                                     "where": "inside_graph"}),
+        "normalization": json.dumps({**s.norm.to_json(), "where": "inside_graph"}),
         "precision": "float16" if cfg.half else "float32",
         "output": f"{OUTPUT_NAME}: scores [batch, {s.num_classes}] over class_names; the highest is the prediction",
         "method": s.method,

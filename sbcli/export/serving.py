@@ -81,7 +81,7 @@ def open_learner(path: Path, device: str = "auto") -> TorchClassifier:
     learner = Learner.load(path, "cpu")
     s = learner.state
     return TorchClassifier(Path(path), serving_model(learner).to(dev), list(s.class_names), s.image_size, dev,
-                           preprocess.for_model(s.image_size, s.normalization), s.provenance.to_json())
+                           preprocess.for_model(s.image_size, s.norm.mean, s.norm.std), s.provenance.to_json())
 
 
 def learner_onnx(learner_dir: Path) -> Path:

@@ -72,7 +72,7 @@ def method_title(name: str) -> str:
 
 def _sources(state: LearnerState, data_only: bool = False) -> list[dict]:
     """Each step's data record (``data_only``: the steps that brought data, not those that took classes out)."""
-    return [public_record(t.source) for t in state.tasks if not (data_only and t.source.get("kind") == "forget")]
+    return [public_record(t.source) for t in state.tasks if not (data_only and t.data_source.kind == "forget")]
 
 
 def hub_datasets(state: LearnerState) -> list[str]:
@@ -84,7 +84,7 @@ def hub_datasets(state: LearnerState) -> list[str]:
 def _dataset(state: LearnerState, upto: int) -> tuple[str, str]:
     """(type, name) of the test data after step ``upto``: a Hub id, or ``imagefolder`` and the data's names
     (what the user called it: ``--name``, or the folder above train/ and test/)."""
-    sources = [public_record(t.source) for t in state.tasks[:upto] if t.source.get("kind") != "forget"]
+    sources = [public_record(t.source) for t in state.tasks[:upto] if t.data_source.kind != "forget"]
     kinds = {s["kind"] for s in sources}
     if len(kinds) == 1 and (kind := kinds.pop()) in HUB_DATASETS:
         return HUB_DATASETS[kind], kind
@@ -156,20 +156,20 @@ def accuracy_table(history: Iterable[StepRecord]) -> str:
 
 def summary_line(history: list[StepRecord]) -> str:
     s = history_summary(history)
-    return (f"Average incremental accuracy {_pct(s['avg_incremental_2_to_T'])} % over steps 2..T (the paper's), "
-            f"{_pct(s['avg_incremental_1_to_T'])} % over 1..T; last step {_pct(s['last'])} %; "
-            f"forgetting {_pct(s['forgetting'])} points.")
+    return (f"Average incremental accuracy {_pct(s.avg_incremental_2_to_T)} % over steps 2..T (the paper's), "
+            f"{_pct(s.avg_incremental_1_to_T)} % over 1..T; last step {_pct(s.last)} %; "
+            f"forgetting {_pct(s.forgetting)} points.")
 
 
 def settings_block(state: LearnerState, inference: str) -> str:
     """Method, network, data and hyperparameters, as a list."""
-    norm = state.normalization
+    norm = state.norm
     return "\n".join([
         f"- method: `{state.method}`: {method_title(state.method)}",
         f"- inference: `{inference}`: {RULES.get(inference).card if inference in RULES.names() else inference}",
         f"- network: {state.arch}, width x{state.width}, input {state.image_size}x{state.image_size} RGB",
         *([f"- pretrained backbone: `{json.dumps(state.provenance.pretrained)}`"] if state.provenance.pretrained is not None else []),
-        f"- normalisation: mean {norm['mean']}, std {norm['std']}",
+        f"- normalisation: mean {list(norm.mean)}, std {list(norm.std)}",
         f"- method hyperparameters: `{json.dumps(dataclasses.asdict(state.method_config))}`",
         f"- training settings a next step starts from: `{json.dumps(dataclasses.asdict(state.train_config))}`",
         f"- exemplar memory: budget {state.memory.budget}, selection {state.memory.selection}",
@@ -182,7 +182,7 @@ def step_settings_table(state: LearnerState) -> str:
     rows = ["| step | phases (epochs) | training settings of this step |", "|---:|---|---|"]
     before: dict | None = None
     for h in state.history:
-        phases = ", ".join(f"{p['name']} {p['epochs']}" for p in h.phases) or "-"
+        phases = ", ".join(f"{p.name} {p.epochs}" for p in h.phase_reports) or "-"
         cfg = h.train_config
         if cfg is None:
             what = "not recorded (learned before sbcli kept each step's settings)"

@@ -33,6 +33,7 @@ import torch
 
 from sbcli.errors import ConfigError
 from sbcli.hub.weight_packages import MEAN, STD, WeightPackage, converted, is_package, package
+from sbcli.learner.records import PretrainedRecord
 from sbcli.nets import create_model
 
 SAFETENSORS = "model.safetensors"
@@ -54,6 +55,11 @@ class PretrainedWeights:
     record: dict[str, Any]
     normalization: dict | None = None  # an sbcli learner's own (None: the ImageNet statistics pretrained weights expect)
     from_cache: bool = False  # read from the local Hub cache because the Hub did not answer (or offline)
+
+    @property
+    def info(self) -> PretrainedRecord:
+        """``record`` typed: what the learner's provenance will hold of these weights."""
+        return PretrainedRecord.from_json(self.record)
 
 
 def map_timm_keys(name: str) -> str | None:

@@ -209,7 +209,7 @@ def contents(learner: Any) -> dict[str, Any]:
             "exemplar_images": len(learner.memory),
             "test_images": 0 if learner.test_sample is None else len(learner.test_sample),
             # tasks of the demo, whose test images ship with sbcli: `sb evaluate` finds them anywhere
-            "bundled_test_tasks": sum(t.source.get("kind") == "demo" for t in s.tasks)}
+            "bundled_test_tasks": sum(t.data_source.kind == "demo" for t in s.tasks)}
 
 
 def content_notes(inside: dict[str, Any]) -> list[str]:

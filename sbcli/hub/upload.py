@@ -36,8 +36,8 @@ def public_state(state: Any) -> Any:
     """A copy of a learner state whose data sources are public records (no machine paths)."""
     out = copy.deepcopy(state)
     out.tasks = [replace(task, source=public_record(task.source)) for task in out.tasks]
-    if out.plan and isinstance(out.plan.get("source"), dict):
-        out.plan = {**out.plan, "source": public_record(out.plan["source"])}
+    if out.plan is not None:
+        out.plan = replace(out.plan, source=public_record(out.plan.source))
     return out
 
 

@@ -28,12 +28,15 @@ import os
 import pickle
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from sbcli.atomic import replacing
 from sbcli.errors import ConfigError
+
+if TYPE_CHECKING:
+    from sbcli.learner.records import PretrainedRecord
 
 EXTRA = "pretrained"  # pip install 'sbcli[pretrained]' installs every package below
 MIN_INPUT_SIZE = 32  # the network's total stride: below it the last stage sees less than one cell
@@ -172,14 +175,14 @@ def by_position(theirs: dict[str, torch.Tensor], timm_name: str, origin: str) ->
     return mapped
 
 
-def check_input_size(record: dict[str, Any], size: int | None) -> None:
+def check_input_size(record: PretrainedRecord, size: int | None) -> None:
     """Refuse a resolution a weight package's backbone was not made for (below its total stride).
 
     Raises:
         ConfigError: ``size`` below :data:`MIN_INPUT_SIZE` for weights from a package.
     """
-    if record.get("source") != "package" or size is None or size >= MIN_INPUT_SIZE:
+    if record.source != "package" or size is None or size >= MIN_INPUT_SIZE:
         return
-    raise ConfigError(f"--image-size {size} is too small for {record.get('name')}, made for {record.get('input_size')} "
+    raise ConfigError(f"--image-size {size} is too small for {record.name}, made for {record.input_size} "
                       f"px: below {MIN_INPUT_SIZE} px its last stage sees less than one cell; give --image-size "
-                      f"{MIN_INPUT_SIZE} or more (the release's own is {record.get('input_size')}).")
+                      f"{MIN_INPUT_SIZE} or more (the release's own is {record.input_size}).")

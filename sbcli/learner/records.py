@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from sbcli.data.records import SourceRecord
+from sbcli.engine.loop import PhaseReport
 from sbcli.learner.test_sample import DEFAULT_CAP, CarriedSample
 from sbcli.metrics import StepMetrics
 
@@ -46,9 +48,14 @@ class StepRecord:
     forgotten: list[str] | None = None  # the classes the step took out (`sb forget`; None: none)
 
     @property
+    def phase_reports(self) -> list[PhaseReport]:
+        """The phases the step ran, typed (``phases`` keeps them as ``learner.json`` holds them)."""
+        return [PhaseReport.from_json(p) for p in self.phases]
+
+    @property
     def epochs_trained(self) -> int:
         """Epochs the step did train, all its phases together."""
-        return sum(p.get("epochs", 0) for p in self.phases)
+        return sum(p.epochs for p in self.phase_reports)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"step": self.step, "num_classes": self.num_classes, "metrics": self.metrics.to_json()}
@@ -84,12 +91,39 @@ class TaskRecord:
     source: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def data_source(self) -> SourceRecord:
+        """``source`` typed."""
+        return SourceRecord.from_json(self.source)
+
     def to_json(self) -> dict[str, Any]:
         return {"classes": self.classes, "source": self.source, **self.extra}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> TaskRecord:
         return cls(data["classes"], data["source"], _unknown(data, ("classes", "source")))
+
+
+@dataclass(frozen=True)
+class SequencePlan:
+    """What a learner trained as a whole sequence (`sb train`) keeps for ``--resume``: its data source's record
+    and its scenario (``{"order": [...], "sizes": [...]}``: :class:`sbcli.data.scenario.Scenario`'s JSON)."""
+
+    source: dict[str, Any]
+    scenario: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def data_source(self) -> SourceRecord:
+        """``source`` typed."""
+        return SourceRecord.from_json(self.source)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"source": self.source, "scenario": self.scenario, **self.extra}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SequencePlan:
+        return cls(data["source"], data["scenario"], _unknown(data, ("source", "scenario")))
 
 
 @dataclass(frozen=True)
@@ -133,6 +167,57 @@ class TestSampleSettings:
         return cls(**data) if data else None
 
 
+PRETRAINED_KEYS = ("source", "name", "repo", "revision", "commit", "file", "sha256", "arch", "width", "classes", "steps",
+                   "input_size", "package", "version")
+
+
+@dataclass(frozen=True)
+class PretrainedRecord:
+    """What a learner records of the pretrained backbone it started from (``provenance.pretrained``), typed.
+
+    ``source`` says where the weights came from: ``hub`` (``repo``, ``revision``, ``commit``, ``file``), ``file``
+    or ``learner`` (by ``name``, never a path; a learner's ``width``, ``classes`` and ``steps``), ``package`` (a
+    weight package: ``name``, ``package``, ``version``, ``file``), or ``random`` (none, asked for on purpose).
+    ``sha256`` is the weights' hash, ``arch`` the architecture they were loaded on, ``input_size`` the square
+    resolution they were trained at where it is known. A field None is one the record does not hold; ``extra``
+    keeps keys this sbcli does not know, and ``order`` the order the keys were written in, so that
+    ``to_json`` gives back the object it was read from.
+    """
+
+    source: str
+    name: str | None = None
+    repo: str | None = None
+    revision: str | None = None
+    commit: str | None = None
+    file: str | None = None
+    sha256: str | None = None
+    arch: str | None = None
+    width: float | None = None
+    classes: int | None = None
+    steps: int | None = None
+    input_size: int | None = None
+    package: str | None = None
+    version: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    order: tuple[str, ...] = field(default=(), compare=False, repr=False)
+
+    @property
+    def origin(self) -> str:
+        """How a message names the weights: their name, else their repository, else where they came from."""
+        return self.name or self.repo or self.source
+
+    def to_json(self) -> dict[str, Any]:
+        known = {k: getattr(self, k) for k in PRETRAINED_KEYS if getattr(self, k) is not None}
+        data = {**known, **self.extra}
+        first = [k for k in self.order if k in data]
+        return {k: data[k] for k in [*first, *(k for k in data if k not in first)]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PretrainedRecord:
+        return cls(**{k: data[k] for k in PRETRAINED_KEYS if k in data}, extra=_unknown(data, PRETRAINED_KEYS),
+                   order=tuple(data))
+
+
 PROVENANCE_KEYS = ("dataset", "sbcli_version", "torch_version", "python", "pretrained")
 
 
@@ -150,6 +235,11 @@ class Provenance:
     python: str | None = None
     pretrained: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def backbone(self) -> PretrainedRecord | None:
+        """The pretrained backbone's record, typed (None: the learner records none)."""
+        return None if self.pretrained is None else PretrainedRecord.from_json(self.pretrained)
 
     def to_json(self) -> dict[str, Any]:
         known = {k: getattr(self, k) for k in PROVENANCE_KEYS if getattr(self, k) is not None}

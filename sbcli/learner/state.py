@@ -33,7 +33,7 @@ from sbcli.errors import LearnerError
 from sbcli.jsonutil import config_from_json
 from sbcli.learner import test_sample as carried_sample
 from sbcli.learner import validate
-from sbcli.learner.records import MemorySettings, Provenance, StepRecord, TaskRecord, TestSampleSettings
+from sbcli.learner.records import MemorySettings, Provenance, SequencePlan, StepRecord, TaskRecord, TestSampleSettings
 from sbcli.learner.store import legacy, objects
 from sbcli.learner.store.commit import commit_step, write_flat
 from sbcli.learner.store.layout import FORMAT_VERSION, Stored, read_step, read_stored
@@ -68,7 +68,7 @@ class LearnerState:
     class_task: list[int] = field(default_factory=list)
     tasks: list[TaskRecord] = field(default_factory=list)  # per step: classes and their source
     history: list[StepRecord] = field(default_factory=list)  # per step: metrics, phases, the method's record
-    plan: dict | None = None  # a whole sequence: source and scenario, for --resume
+    plan: SequencePlan | None = None  # a whole sequence: source and scenario, for --resume
     provenance: Provenance = field(default_factory=Provenance)
     test_sample: TestSampleSettings | None = None  # the carried test sample (None: none; ``{}`` in learner.json)
     format_version: int = FORMAT_VERSION
@@ -77,12 +77,18 @@ class LearnerState:
     def num_classes(self) -> int:
         return len(self.class_names)
 
+    @property
+    def norm(self) -> Normalization:
+        """The normalisation, typed (``normalization`` keeps it as ``learner.json`` holds it)."""
+        return Normalization.from_json(self.normalization)
+
     def to_json(self) -> dict[str, Any]:
         """The object ``learner.json`` (and each step's ``state.json``) holds."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data.update(method_config=dataclasses.asdict(self.method_config), train_config=dataclasses.asdict(self.train_config),
                     memory=self.memory.to_json(), tasks=[t.to_json() for t in self.tasks],
                     history=[h.to_json() for h in self.history], provenance=self.provenance.to_json(),
+                    plan=None if self.plan is None else self.plan.to_json(),
                     test_sample={} if self.test_sample is None else self.test_sample.to_json())
         return copy.deepcopy(data)
 
@@ -106,6 +112,7 @@ class LearnerState:
                  "tasks": [TaskRecord.from_json(t) for t in data.get("tasks", [])],
                  "history": [StepRecord.from_json(h) for h in data.get("history", [])],
                  "provenance": Provenance.from_json(data.get("provenance", {})),
+                 "plan": None if data.get("plan") is None else SequencePlan.from_json(data["plan"]),
                  "test_sample": TestSampleSettings.from_json(data.get("test_sample", {}))}
         return cls(**typed)
 
@@ -137,7 +144,7 @@ class Learner:
 
     @property
     def norm(self) -> Normalization:
-        return Normalization.from_json(self.state.normalization)
+        return self.state.norm
 
     def save(self, path: Path, keep: int | None = None) -> None:
         """Commit the learner's current step to ``path`` (see :func:`sbcli.learner.store.commit.commit_step`).

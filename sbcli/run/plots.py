@@ -13,6 +13,8 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sbcli.methods.split_bridge import SplitBridgeRecord
+
 if TYPE_CHECKING:
     from sbcli.learner.records import StepRecord
 
@@ -42,10 +44,11 @@ def learner_accuracy(history: list[StepRecord], path: Path, title: str) -> Path:
              ("new classes", "new", {"color": NEW_COLOR, "marker": "^", "linestyle": "--"}))
     for label, key, style in lines:
         ax.plot(classes, [_value(getattr(h.metrics, key)) for h in history], label=label, markersize=5, **style)
-    ablation = [(h.num_classes, h.record) for h in history if "after_C" in h.record]
-    for label, key, style in (("S&B split only (after B)", "after_B", {"color": "#2ca02c", "marker": "x"}),
-                              ("S&B split + bridge (after C)", "after_C", {"color": "#d62728", "marker": "+"})):
-        points = [(n, r[key]["overall"]) for n, r in ablation if key in r]
+    ablation = [(h.num_classes, r) for h in history if (r := SplitBridgeRecord.from_json(h.record)) is not None]
+    phases = (("S&B split only (after B)", [(n, r.after_B) for n, r in ablation], {"color": "#2ca02c", "marker": "x"}),
+              ("S&B split + bridge (after C)", [(n, r.after_C) for n, r in ablation], {"color": "#d62728", "marker": "+"}))
+    for label, measured, style in phases:
+        points = [(n, m.overall) for n, m in measured if m is not None]
         if points:
             ax.plot(*zip(*points, strict=True), label=label, linestyle="none", markersize=9, **style)
     ax.set_xticks(classes)

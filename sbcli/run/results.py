@@ -22,6 +22,7 @@ from typing import Any
 
 from sbcli.atomic import replacing
 from sbcli.jsonutil import round_to
+from sbcli.engine.loop import PhaseReport
 from sbcli.learner.records import StepRecord
 from sbcli.metrics import accuracy_matrix, forgetting
 from sbcli.run import plots
@@ -34,7 +35,7 @@ def step_rows(history: list[StepRecord]) -> list[dict[str, Any]]:
     """One dict per step with the CSV's columns, unrounded (NaN where there is no value)."""
     rows = []
     for t, h in enumerate(history):
-        m, speed = h.metrics, images_per_second(h.phases)
+        m, speed = h.metrics, images_per_second(h.phase_reports)
         acc = accuracy_matrix([g.metrics.per_task for g in history[: t + 1]])
         rows.append({"step": h.step, "classes": h.num_classes, "accuracy": m.overall, "old": m.old,
                      "new": m.new, "intra_old": m.intra_old, "intra_new": m.intra_new,
@@ -43,10 +44,10 @@ def step_rows(history: list[StepRecord]) -> list[dict[str, Any]]:
     return rows
 
 
-def images_per_second(phases: list[dict]) -> float:
+def images_per_second(phases: list[PhaseReport]) -> float:
     """Training throughput of a step: images of all its phases over their seconds."""
-    seconds = sum(p.get("seconds", 0.0) for p in phases)
-    images = sum(p.get("images_per_s", 0.0) * p.get("seconds", 0.0) for p in phases)
+    seconds = sum(p.seconds for p in phases)
+    images = sum(p.images_per_s * p.seconds for p in phases)
     return images / seconds if seconds > 0 else math.nan
 
 

@@ -39,7 +39,7 @@ from sbcli.errors import ConfigError, LearnerError
 from sbcli.hub.pretrained import RANDOM
 from sbcli.hub.weight_packages import check_input_size
 from sbcli.learner import preflight, validate
-from sbcli.learner.records import MemorySettings, Provenance, TaskRecord
+from sbcli.learner.records import MemorySettings, PretrainedRecord, Provenance, SequencePlan, TaskRecord
 from sbcli.learner.state import Learner, LearnerState, read_state
 from sbcli.learner.store import legacy
 from sbcli.learner.store.commit import after_commit
@@ -175,7 +175,7 @@ def check_out(out: Path, resume: bool) -> None:
                            f"older sbcli saved it); grow it with `sb add-task {out} FOLDER`.")
 
 
-def new_state(run: RunOptions, image_size: int, norm: dict, plan: dict | None, dataset: str | None) -> LearnerState:
+def new_state(run: RunOptions, image_size: int, norm: dict, plan: SequencePlan | None, dataset: str | None) -> LearnerState:
     """A new learner's state: no classes, the run's settings (``plan``: the sequence for --resume, None for a learner
     grown task by task; ``dataset``: the source's kind, None before any)."""
     cfg = build_config(run.method, run.method_options)
@@ -203,12 +203,12 @@ def _train(seq: SequenceOptions, run: RunOptions, out: Path, device: torch.devic
     opened = resize_opened(only_classes(opened, scenario.order), spec)
     image_size = spec.get("image_size") or spec_image_size(spec)
     preflight.check_free_space(out, preflight.save_bytes(run.arch, run.width, len(scenario.order), image_size, run.memory))
-    plan = {"source": record, "scenario": scenario.to_json()}
+    plan = SequencePlan(record, scenario.to_json())
     if resume:
         learner = Learner.load(out, device, recover=not distributed.is_main_process())  # the writer's lock recovered it
         _check_same_weights(learner, run, out)
-        stored = learner.state.plan or {}
-        if stored.get("scenario") != plan["scenario"] or not same_source(stored.get("source", {}), record):
+        stored = learner.state.plan
+        if stored is None or stored.scenario != plan.scenario or not same_source(stored.source, record):
             raise LearnerError(f"The learner at {out} was started with another source or task split; resume it with the same options.")
     else:
         state = new_state(run, image_size, normalization(opened, weights, timm_in).to_json(), plan, spec["kind"])
@@ -255,13 +255,13 @@ def _check_same_weights(learner: Learner, run: RunOptions, out: Path) -> None:
         return
     from sbcli.hub import pretrained
 
-    recorded = learner.state.provenance.pretrained or {}
-    given = pretrained.load(run.pretrained, learner.state.arch, learner.state.width).record
-    if recorded.get("sha256") != given.get("sha256"):
-        was = f"{recorded.get('name') or recorded.get('repo') or recorded.get('source', 'no weights')}" + (
-            f" (SHA-256 {recorded['sha256'][:12]}...)" if recorded.get("sha256") else "")
+    recorded = learner.state.provenance.backbone
+    given = pretrained.load(run.pretrained, learner.state.arch, learner.state.width).info
+    if (None if recorded is None else recorded.sha256) != given.sha256:
+        was = "no weights" if recorded is None else recorded.origin + (
+            f" (SHA-256 {recorded.sha256[:12]}...)" if recorded.sha256 else "")
         raise LearnerError(f"The learner at {out} grew from {was}, not from --pretrained {run.pretrained} (SHA-256 "
-                           f"{str(given.get('sha256'))[:12]}...); drop --pretrained to resume it, or start a new learner.")
+                           f"{str(given.sha256)[:12]}...); drop --pretrained to resume it, or start a new learner.")
 
 
 def _weights_image_size(seq: SequenceOptions, weights: Any, timm_in: Any, resumed: Path | None) -> SequenceOptions:
@@ -271,17 +271,17 @@ def _weights_image_size(seq: SequenceOptions, weights: Any, timm_in: Any, resume
     if resumed is not None and (resumed / "learner.json").is_file():  # the resolution it began at, asked or adopted
         state = read_state(resumed)
         adopted = seq.image_size is None and (
-            timm_in is not None or (state.provenance.pretrained or {}).get("input_size") is not None)
+            timm_in is not None or (state.provenance.backbone or PretrainedRecord(RANDOM)).input_size is not None)
         return dataclasses.replace(seq, image_size=state.image_size) if adopted else seq
-    record = weights.record if weights is not None else {}
+    record = weights.info if weights is not None else PretrainedRecord(RANDOM)
     check_input_size(record, seq.image_size)
-    size = record.get("input_size") or (timm_in.image_size if timm_in is not None else None)
+    size = record.input_size or (timm_in.image_size if timm_in is not None else None)
     if size is None:
         return seq
     if seq.image_size is None:
         return dataclasses.replace(seq, image_size=int(size))
     if seq.image_size != size and distributed.is_main_process():
-        origin = record.get("repo") or record.get("name") or (timm_in.weights if timm_in is not None else None)
+        origin = record.repo or record.name or (timm_in.weights if timm_in is not None else None)
         LOG.warning(
             "--image-size %d is not %d, the resolution the pretrained weights%s were trained at: the images are "
             "resized to %d as asked (drop --image-size to use %d).", seq.image_size, size,

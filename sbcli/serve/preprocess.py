@@ -25,7 +25,7 @@ key and were served with reduced-size decoding, which :func:`from_metadata` keep
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -101,9 +101,9 @@ def _undecodable(name: str, err: Exception) -> DataError:
     return DataError(f"Cannot decode image {name} ({reason}); send a JPEG, PNG or other image Pillow reads.")
 
 
-def for_model(image_size: int, normalization: Mapping[str, Any]) -> Preprocess:
+def for_model(image_size: int, mean: Sequence[float], std: Sequence[float]) -> Preprocess:
     """The preprocessing that ``sb export`` records for a learner of this size and normalisation."""
-    return Preprocess(image_size, image_size, "bilinear", True, tuple(normalization["mean"]), tuple(normalization["std"]))
+    return Preprocess(image_size, image_size, "bilinear", True, tuple(mean), tuple(std))
 
 
 def from_metadata(meta: Mapping[str, str], source: str) -> Preprocess:
