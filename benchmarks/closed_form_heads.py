@@ -167,6 +167,7 @@ def grow_ranpac(feats: dict, order: list[int], tasks: int, head: str, projection
     import torch
 
     from sbcli.methods import ranpac
+    from sbcli.methods.rules import score_map
 
     remap = torch.empty(len(order), dtype=torch.long)
     remap[torch.tensor(order)] = torch.arange(len(order))
@@ -184,8 +185,9 @@ def grow_ranpac(feats: dict, order: list[int], tasks: int, head: str, projection
         scores = ranpac.project(feats["test"][test], state.projection).float() @ w.T
         if "bias" in chosen:
             scores = scores + chosen.pop("bias")
+        scores = score_map.apply_map(scores, chosen.pop(score_map.KNOTS_KEY), chosen.pop(score_map.COEFFICIENTS_KEY))
         steps.append({**calibration(scores.softmax(1), test_y[test]), "seconds": round(seconds, 3),
-                      **{k: v for k, v in chosen.items() if k in ("ridge", "shrinkage", "temperature")}})
+                      **{k: v for k, v in chosen.items() if k in ("ridge", "shrinkage", "temperature", "score_map")}})
     return steps
 
 

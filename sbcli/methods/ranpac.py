@@ -316,11 +316,13 @@ def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, cl
     The ridge strength (or the LDA's shrinkage) is chosen on a held-back fifth of the new images; the
     temperature on the calibration bank, which holds up to :data:`BANK_PER_CLASS` images of every class seen,
     each scored as if it had been left out of the fit (exact for the ridge head; for the LDA, left out of its
-    class's mean). A learner saved before the bank keeps its old classes out of it.
+    class's mean), then an increasing map of the tempered scores on the same bank
+    (:mod:`sbcli.methods.rules.score_map`). A learner saved before the bank keeps its old classes out of it.
 
     Returns:
         the new state, the head [C, M] in float32 (temperature folded in) and, under ``lda``, its bias in
-        ``chosen["bias"]`` [C], and what was chosen.
+        ``chosen["bias"]`` [C], and what was chosen, with the map of the tempered scores
+        (:mod:`sbcli.methods.rules.score_map`: its tensors under its two keys, its number of knots as ``score_map``).
     """
     import torch
 
@@ -356,9 +358,13 @@ def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, cl
         weights = solve_ridge(gram, targets, chosen)
         held_out = ridge_held_out_scores(bank_h, one_hot(bank_labels, classes), gram, targets, chosen)
     temperature = fit_temperature(held_out, bank_labels, TEMPERATURES) if len(bank_labels) else 1.0
+    from sbcli.methods.rules import score_map
+
+    knots, coefficients = score_map.fit(held_out / temperature, bank_labels)
     out = RidgeState(state.projection, gram, targets, counts, bank, bank_labels)
     record = {("shrinkage" if head == "lda" else "ridge"): chosen, "temperature": temperature,
-              "held_back": int(held.sum()), "calibrated_on": int(len(bank_labels))}
+              "held_back": int(held.sum()), "calibrated_on": int(len(bank_labels)), "score_map": int(len(knots)),
+              score_map.KNOTS_KEY: knots, score_map.COEFFICIENTS_KEY: coefficients}
     if bias is not None:
         record["bias"] = (bias / temperature).float().contiguous()
     return out, (weights / temperature).T.float().contiguous(), record
@@ -414,6 +420,10 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     extra = {**state.tensors(), HEAD_KEY: head}
     if "bias" in chosen:
         extra[lda.BIAS_KEY] = chosen.pop("bias")
+    from sbcli.methods.rules import score_map
+
+    for key in (score_map.KNOTS_KEY, score_map.COEFFICIENTS_KEY):  # every step writes its map (the identity too)
+        extra[key] = chosen.pop(key).contiguous()
     record = {**chosen, "images": int(new.sum()), "projection": cfg.projection,
               "ridge_seconds": round(time.perf_counter() - start, 3)}
     return TaskResult(phases=phases, record=record, extra_state=extra)

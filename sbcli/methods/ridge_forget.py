@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from sbcli.errors import DataError
 from sbcli.methods import ranpac
 from sbcli.methods.rules import lda
+from sbcli.methods.rules import score_map
 from sbcli.methods.rules.ridge import HEAD_KEY
 
 if TYPE_CHECKING:
@@ -123,8 +124,10 @@ def forget(extra: dict[str, torch.Tensor], num_classes: int, keep: list[int], ch
         if lda.BIAS_KEY in extra:
             out[lda.BIAS_KEY] = extra[lda.BIAS_KEY][index].contiguous()
         return Forgotten(out, record)
-    head, bias, temperature = _solve(left, inference, chosen, len(keep))
+    head, bias, temperature, (knots, coefficients) = _solve(left, inference, chosen, len(keep))
     out[HEAD_KEY] = head
+    if score_map.KNOTS_KEY in extra:  # a learner that maps its scores: the map fitted again with the temperature
+        out[score_map.KNOTS_KEY], out[score_map.COEFFICIENTS_KEY] = knots, coefficients
     if bias is not None:
         out[lda.BIAS_KEY] = bias
     record.update({("shrinkage" if inference == "lda" else "ridge"): _strength(chosen, inference),
@@ -140,8 +143,9 @@ def _strength(chosen: dict, inference: str) -> float:
 
 
 def _solve(state: ranpac.RidgeState, inference: str, chosen: dict,
-           classes: int) -> tuple[torch.Tensor, torch.Tensor | None, float]:
-    """The head [C, M] (temperature folded in), the LDA's bias and the temperature, from the sums as they are."""
+           classes: int) -> tuple[torch.Tensor, torch.Tensor | None, float, tuple[torch.Tensor, torch.Tensor]]:
+    """The head [C, M] (temperature folded in), the LDA's bias, the temperature and the map of the tempered scores
+    (:mod:`sbcli.methods.rules.score_map`), from the sums as they are."""
     strength = _strength(chosen, inference)
     bank_h = None if state.bank is None else ranpac.project(state.bank, state.projection)
     bias = None
@@ -156,4 +160,5 @@ def _solve(state: ranpac.RidgeState, inference: str, chosen: dict,
     temperature = (ranpac.fit_temperature(held_out, state.bank_labels, ranpac.TEMPERATURES)
                    if held_out is not None and len(state.bank_labels) else 1.0)
     head = (weights / temperature).T.float().contiguous()
-    return head, None if bias is None else (bias / temperature).float().contiguous(), temperature
+    mapped = score_map.identity() if held_out is None else score_map.fit(held_out / temperature, state.bank_labels)
+    return head, None if bias is None else (bias / temperature).float().contiguous(), temperature, mapped

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from sbcli.errors import ExportError
+from sbcli.methods.rules.score_map import COEFFICIENTS_KEY, KNOTS_KEY, apply_map
 from sbcli.nets.resnet import IncrementalResNet
 
 
@@ -110,15 +111,20 @@ def prototype_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], k
 class RidgeScores(FeatureScores):
     """RanPAC's rule: the ridge head on the ReLU of randomly projected features (``--method ranpac``).
 
-    As a graph: the backbone, one MatMul and a ReLU (without a projection, neither), one MatMul.
+    As a graph: the backbone, one MatMul and a ReLU (without a projection, neither), one MatMul; then, where the
+    learner holds one, the increasing map of the scores (:mod:`sbcli.methods.rules.score_map`): a Sub, a ReLU
+    and a MatMul.
     """
 
     def __init__(self, model: IncrementalResNet, projection: torch.Tensor | None, head: torch.Tensor,
-                 bias: torch.Tensor | None = None) -> None:
+                 bias: torch.Tensor | None = None, score_map: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         super().__init__()
         self.model = model
         device = next(model.parameters()).device
         self.register_buffer("projection", None if projection is None else projection.detach().float().to(device))
+        knots, coefficients = (None, None) if score_map is None else (t.detach().float().to(device) for t in score_map)
+        self.register_buffer("knots", knots)
+        self.register_buffer("coefficients", coefficients)
         self.head = nn.Linear(head.shape[1], head.shape[0], bias=bias is not None).to(device)
         with torch.no_grad():
             self.head.weight.copy_(head.detach().float())
@@ -130,7 +136,10 @@ class RidgeScores(FeatureScores):
         h = features
         if self.projection is not None:
             h = torch.relu(h @ self.projection)
-        return self.head(h)
+        scores = self.head(h)
+        if self.coefficients is not None:
+            scores = apply_map(scores, self.knots, self.coefficients)
+        return scores
 
 
 def ridge_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], head_key: str,
@@ -152,4 +161,10 @@ def ridge_module(model: IncrementalResNet, extra: dict[str, torch.Tensor], head_
     if head.shape != (model.num_classes, width) or (projection is not None and projection.shape[0] != model.num_features):
         raise ExportError(f"The stored ridge head has shape {tuple(head.shape)}, not ({model.num_classes}, {width}); "
                           "the learner is inconsistent, pull or copy it again.")
-    return RidgeScores(model, projection, head, bias)
+    knots, coefficients = extra.get(KNOTS_KEY), extra.get(COEFFICIENTS_KEY)
+    if (knots is None) != (coefficients is None) or (coefficients is not None and (
+            knots.dim() != 1 or coefficients.shape != (len(knots) + 1,))):
+        raise ExportError("The learner's map of its head's scores is missing a part or does not fit; it is damaged: "
+                          "pull or copy it again.")
+    mapped = knots is not None and not (len(knots) == 0 and float(coefficients[0]) == 1.0)  # the identity: no node
+    return RidgeScores(model, projection, head, bias, (knots, coefficients) if mapped else None)
