@@ -36,6 +36,9 @@ def test_the_map_is_increasing_keeps_every_prediction_and_fits_the_bank_better()
     assert len(knots) == score_map.KNOTS
     grid = torch.linspace(float(scores.min()) - 1, float(scores.max()) + 1, 5000, dtype=torch.float64)
     assert bool((score_map.apply_map(grid, knots, coefficients).diff() > 0).all())  # strictly increasing
+    assert bool((score_map.apply_map(grid.float(), knots, coefficients).diff() > 0).all())  # in float32 too
+    slopes = coefficients.double().cumsum(0)
+    assert bool(((slopes > 0.13) & (slopes < 7.4)).all())  # bounded: no slope that float32 cannot tell apart
     mapped = score_map.apply_map(scores, knots, coefficients)
     assert torch.equal(mapped.argmax(1), scores.argmax(1))
     nll = torch.nn.functional.cross_entropy

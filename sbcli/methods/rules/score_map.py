@@ -11,7 +11,7 @@ So, after the temperature, every class's score ``s`` goes through one piecewise-
     f(s) = c_0 s + sum_i c_i relu(s - k_i),
 
 its knots ``k_i`` at quantiles of the bank's scores and its segment slopes ``c_0, c_0 + c_1, ...`` positive
-(each the exp of a free parameter), fitted by the lowest negative log-likelihood of softmax(f(s)) on the
+and bounded (each ``exp(2 tanh(b))`` of a free parameter ``b``), fitted by the lowest negative log-likelihood of softmax(f(s)) on the
 bank's left-out scores (L-BFGS). ``f`` is increasing, so every image keeps its order of classes: predictions,
 and every accuracy, are the head's own. In the exported graph it is a Mul, a Sub, a Relu and a MatMul.
 
@@ -29,6 +29,8 @@ QUANTILES = (0.05, 0.995)
 MIN_BANK = 400  # bank images below which the map is the identity (20 images a class of 20 classes)
 MAX_SCORES = 200_000  # bank scores the knots are placed from (a seeded draw beyond)
 ITERATIONS = 200
+MAX_LOG_SLOPE = 2.0  # a segment's slope stays within e^-2 .. e^2: unbounded, the slope below the lowest knot ran to
+# 1e8 (pushing far-off classes to minus infinity), and float32 lost the increase in the difference of two such slopes
 
 
 def identity() -> tuple[torch.Tensor, torch.Tensor]:
@@ -63,7 +65,7 @@ def fit(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch
     log_slopes = torch.zeros(KNOTS + 1, dtype=torch.float64, requires_grad=True)
 
     def coefficients() -> torch.Tensor:
-        slopes = torch.exp(log_slopes)
+        slopes = torch.exp(MAX_LOG_SLOPE * torch.tanh(log_slopes))  # each within e^-2 .. e^2 of the tempered scale
         return torch.cat([slopes[:1], slopes[1:] - slopes[:-1]])
 
     def nll(c: torch.Tensor) -> torch.Tensor:
