@@ -196,3 +196,26 @@ def test_an_lda_head_is_solved_again_from_the_sums_left(color_data, one_task_lea
     assert torch.allclose(loaded.extra[HEAD_KEY], (weights / t).T.float(), rtol=1e-5, atol=1e-6)
     assert torch.allclose(loaded.extra[lda.BIAS_KEY], (bias / t).float(), rtol=1e-5, atol=1e-6)
     assert loaded.state.history[-1].metrics.overall > 50
+
+
+def test_a_sequence_sb_train_has_not_finished_is_refused_before_any_work(color_data, tmp_path):
+    """`sb train --resume` goes on from the learner's step count in its planned class order: a forget in between
+    would skip a planned task, so it is refused until the sequence is finished, the learner unchanged."""
+    data = tmp_path / "four"
+    shutil.copytree(color_data["task1_train"], data)
+    shutil.copytree(color_data["task2_train"], data, dirs_exist_ok=True)
+    out = tmp_path / "seq"
+    seq = api.SequenceOptions(source=str(data), image_size=16, tasks=2)
+    run = api.RunOptions(method="finetune", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
+
+    def interrupt(step):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        api.train(seq, run, out, on_step=interrupt)
+    learned = Learner.load(out, "cpu").state.class_names
+    before = hashes(out)
+    result = CliRunner().invoke(app, ["forget", str(out), learned[0]])
+    said = " ".join(result.output.split())
+    assert result.exit_code != 0 and "1 of the 2 tasks" in said and "--resume" in said, result.output
+    assert "Traceback" not in result.output and hashes(out) == before

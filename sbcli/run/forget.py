@@ -91,8 +91,9 @@ def _check(learner: Learner, where: Path, classes: list[str], data: Path | None)
     """The classes to take out, in the learner's order, once each.
 
     Raises:
-        ConfigError: no class named, a class the learner does not know, every class, or a method whose classes
-            cannot be taken out yet.
+        ConfigError: no class named, a class the learner does not know, every class, a task sequence `sb train`
+            has not finished (its resume would go on from the wrong step), or a method whose classes cannot be
+            taken out yet.
     """
     state = learner.state
     if not classes:
@@ -101,6 +102,10 @@ def _check(learner: Learner, where: Path, classes: list[str], data: Path | None)
     if unknown:
         raise ConfigError(f"The learner at {where} does not know {', '.join(repr(c) for c in unknown[:3])}; its "
                           f"classes are listed by `sb evaluate {where}`.")
+    planned = len(state.plan.scenario.get("sizes", [])) if state.plan is not None else 0
+    if state.steps < planned:  # `sb train --resume` goes on from the step count, in the plan's class order
+        raise ConfigError(f"The learner at {where} has learned {state.steps} of the {planned} tasks `sb train` planned; "
+                          f"finish them first (`sb train ... --out {where} --resume`), then take classes out.")
     gone = [c for c in state.class_names if c in set(classes)]
     if len(gone) == state.num_classes:
         raise ConfigError(f"That would take out every class of the learner at {where}; keep at least one, or start "
