@@ -43,7 +43,7 @@ def cli(*args) -> str:
 
 def test_every_json_command_has_a_schema():
     assert set(SCHEMAS) == {"train", "add-task", "evaluate", "export", "export-triton", "predict", "pull", "pull-list",
-                            "bench", "rollback"}
+                            "bench", "rollback", "forget"}
 
 
 def test_schemas_refuse_what_they_should():
@@ -89,3 +89,12 @@ def test_bench(color_data, tmp_path):
                              "--image-size", 16, "--device", "cpu", "--precision", "fp32", "--no-plots", "--json",
                              "--quiet", "--out", tmp_path / "bench"))
     assert out["methods"][0]["cells"]["1"]["epochs_per_step"] == [1]
+
+
+def test_forget(grown_run, tmp_path):
+    import shutil
+
+    learner = tmp_path / "l"
+    shutil.copytree(grown_run["learner"], learner)
+    result = check("forget", cli("forget", learner, "red", "--json", "--device", "cpu"))
+    assert result["forgotten"] == ["red"] and result["classes"] == 3 and result["exact"] is False
