@@ -176,7 +176,7 @@ def trained_path(train: Path, test: Path, order: list[str], per_task: int, tasks
         curve.append(summary.metrics.overall)
     images = sum(1 for _ in folders[1, "train"].rglob("*.*"))
     return {"method": f"{run.method}+{getattr(learner.state.method_config, 'inference', '')}", "image_size": learner.state.image_size,
-            "epochs": run.train.epochs, "lr": run.train.lr, "pretrained": run.pretrained, "curve": [round(a, 2) for a in curve],
+            "epochs": run.train.epochs, "lr": run.train.lr, "batch": run.train.batch_size, "pretrained": run.pretrained, "curve": [round(a, 2) for a in curve],
             "add_task_s": seconds, "images_per_s": round(images / seconds[0], 2)}
 
 
@@ -228,6 +228,7 @@ def main() -> None:
     parser.add_argument("--finetune-epochs", type=int,
                         help="only STD + WA fine-tuned from EfficientNet-Lite0, this many epochs a step, over the same tasks")
     parser.add_argument("--finetune-lr", type=float, default=0.01, help="its learning rate (a pretrained backbone: low)")
+    parser.add_argument("--finetune-batch", type=int, default=16, help="its batch size (a few images a class: small)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -240,14 +241,15 @@ def main() -> None:
             order = list(range(len(names)))
             random.Random(args.seed).shuffle(order)
             options = {} if args.scratch_only else {"pretrained": "efficientnet-lite0", "method": "std",
-                                                    "epochs": args.finetune_epochs, "lr": args.finetune_lr}
+                                                    "epochs": args.finetune_epochs, "lr": args.finetune_lr,
+                                                    "batch_size": args.finetune_batch}
             result = trained_path(train, test, [names[i] for i in order], len(names) // args.tasks, args.tasks, work,
                                   **options)
             print(json.dumps({"data": args.data.name, "tasks": args.tasks, "per_class": args.per_class,
                               "test_per_class": args.test_per_class, "seed": args.seed, "trained": result}))
             curve = result["curve"]
             start = "from scratch" if result["pretrained"] is None else f"fine-tuned from {result['pretrained']}"
-            print(f"| {result['method']} {start} ({result['image_size']} px, {result['epochs']} epochs a step, lr {result['lr']}) | "
+            print(f"| {result['method']} {start} ({result['image_size']} px, {result['epochs']} epochs a step, lr {result['lr']}, batch {result['batch']}) | "
                   f"{' / '.join(f'{a:.1f}' for a in curve)} | {sum(curve) / len(curve):.1f} | {curve[-1]:.1f} | "
                   f"{result['add_task_s'][0]} | {result['images_per_s']} |")
             return
