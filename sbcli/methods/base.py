@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sbcli.errors import ConfigError
 from sbcli.methods.rules import RULES, rules_help
+from sbcli.methods.rules.stages import StageReport
 from sbcli.registry import Registry
 
 if TYPE_CHECKING:  # a method file is read without torch (the CLI builds its options from the Config)
@@ -72,6 +73,7 @@ class TaskResult:
 
     phases: list[PhaseReport] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
+    stages: list[StageReport] = field(default_factory=list)  # the end-of-step stages' reports, in the order they ran
     extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
 
 

@@ -1,4 +1,4 @@
-"""Pieces shared by several methods: head rules, weight aligning, the first task."""
+"""Pieces shared by several methods: teachers, the first task and its head rules, the STD loss."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from torch import nn
 from sbcli.engine.loop import LossFn, Phase, StepOutputs
 from sbcli.methods.base import TaskContext, TaskResult
 from sbcli.methods.losses import ce_loss, kd_ce_loss
-from sbcli.nets.resnet import IncrementalResNet
+from sbcli.nets.head import clip_head_weights, zero_head_bias
 
 
 def frozen_copy(model: nn.Module) -> nn.Module:
@@ -20,30 +20,6 @@ def frozen_copy(model: nn.Module) -> nn.Module:
     for p in teacher.parameters():
         p.requires_grad_(False)
     return teacher
-
-
-@torch.no_grad()
-def zero_head_bias(model: nn.Module) -> None:
-    """Keep the head bias at zero (phase A, WA training, the first task in the authors' code)."""
-    model.head.bias.zero_()
-
-
-@torch.no_grad()
-def clip_head_weights(model: nn.Module) -> None:
-    """Clip negative head weights to zero (the authors' code, first task only)."""
-    model.head.weight.clamp_(min=0.0)
-
-
-@torch.no_grad()
-def weight_align(model: IncrementalResNet, num_old: int) -> float:
-    """WA: scale the new classes' head rows by mean(||old rows||) / mean(||new rows||).
-
-    Biases are not touched. Returns the factor applied.
-    """
-    norms = model.head.weight.norm(dim=1)
-    factor = float(norms[:num_old].mean() / norms[num_old:].mean())
-    model.head.weight[num_old:] *= factor
-    return factor
 
 
 def ce(out: StepOutputs) -> torch.Tensor:
@@ -58,24 +34,6 @@ def kd_ce(num_old: int, lam: float) -> LossFn:
         return kd_ce_loss(out.logits, out.targets, out.teacher_logits[:, :num_old], lam)
 
     return loss
-
-
-def run_with_wa(ctx: TaskContext, phase: Phase, wa: bool, clip: bool = False) -> TaskResult:
-    """Run ``phase`` on the task; with ``wa`` the head bias is held at zero and the new rows aligned after.
-
-    With ``clip`` too, negative head weights are also clipped to zero after every optimiser step
-    (WA's authors do; the S&B authors' code clips in step 1 only). The record keeps the accuracy
-    before aligning (``before_wa``) and the factor (``wa_factor``).
-    """
-    if wa:
-        zero_head_bias(ctx.model)
-        hooks = (zero_head_bias, clip_head_weights) if clip else (zero_head_bias,)
-        phase = dataclasses.replace(phase, after_step=(*phase.after_step, *hooks))
-    result = TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
-    if wa and ctx.align:
-        result.record["before_wa"] = ctx.evaluate().to_json()
-        result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
-    return result
 
 
 def head_rules_phase(model: nn.Module, phase: Phase, head_rules: bool) -> Phase:

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError
 from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
+from sbcli.methods.rules import RULES
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +45,7 @@ class Config(MethodConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.wa_clip and self.inference != "wa":
+        if self.wa_clip and not RULES.get(self.inference).aligns:
             raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
 
 
@@ -101,7 +102,8 @@ def train_temporary_network(ctx: TaskContext, epochs: int, head_rules: bool = Fa
                  INFERENCES, plan)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import PairTeacher, learn_first_task, run_with_wa
+    from sbcli.methods.common import PairTeacher, learn_first_task
+    from sbcli.methods.std import run_aligned
 
     if ctx.step == 0:
         return learn_first_task(ctx, cfg.first_task_rules)
@@ -109,6 +111,6 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     aux, aux_report = train_temporary_network(ctx, epochs, cfg.aux_head_rules)
     teacher = PairTeacher(ctx.teacher, aux).eval()
     phase = Phase("dd", double_distillation_loss(ctx.num_old, ctx.lam), ctx.epochs, teacher=teacher)
-    result = run_with_wa(ctx, phase, cfg.inference == "wa", clip=cfg.wa_clip)
+    result = run_aligned(ctx, phase, cfg)
     result.phases.insert(0, aux_report)
     return result

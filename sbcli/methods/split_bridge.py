@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError
 from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
+from sbcli.methods.rules import RULES
 
 if TYPE_CHECKING:
     import torch
@@ -104,7 +105,8 @@ def _epochs(value: int | None, default: int) -> int:
                  title="Split-and-Bridge (Kim & Choi, AAAI 2021)", hub_tag="split-and-bridge")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import learn_first_task, weight_align
+    from sbcli.methods.common import learn_first_task
+    from sbcli.methods.rules import wa
     from sbcli.nets.partition import make_partition
 
     if ctx.step == 0:
@@ -117,8 +119,8 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
         phase = Phase("C", bridge_loss(ctx.num_old, ctx.lam), _epochs(cfg.epochs_c, ctx.epochs), teacher=ctx.teacher)
         result.phases.append(ctx.engine.run(ctx.model, ctx.data, phase))
     result.record["after_C"] = ctx.evaluate().to_json()
-    if cfg.inference == "wa" and ctx.align:
-        result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
+    if RULES.get(cfg.inference).aligns and ctx.align:  # the align stage, its accuracy before being after_C
+        result.stages.append(wa.align(ctx.model, ctx.num_old))
     return result
 
 

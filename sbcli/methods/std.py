@@ -18,7 +18,7 @@ from sbcli.methods.rules import RULES
 if TYPE_CHECKING:
     import torch
 
-    from sbcli.engine.loop import StepOutputs
+    from sbcli.engine.loop import Phase, StepOutputs
 
 INFERENCES = ("wa", "none", "bic", "icarl")
 
@@ -38,7 +38,7 @@ class Config(MethodConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.wa_clip and self.inference != "wa":
+        if self.wa_clip and not RULES.get(self.inference).aligns:
             raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
 
 
@@ -80,10 +80,24 @@ def _learn_icarl(ctx: TaskContext, cfg: Config) -> TaskResult:
 def _learn_std(ctx: TaskContext, cfg: Config) -> TaskResult:
     """The STD loss; with ``wa`` the head bias stays zero and the new rows are aligned afterwards."""
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import kd_ce, run_with_wa
+    from sbcli.methods.common import kd_ce
 
     phase = Phase("std", kd_ce(ctx.num_old, ctx.lam), ctx.epochs, teacher=ctx.teacher)
-    return run_with_wa(ctx, phase, cfg.inference == "wa", clip=cfg.wa_clip)
+    return run_aligned(ctx, phase, cfg)
+
+
+def run_aligned(ctx: TaskContext, phase: Phase, cfg: Config) -> TaskResult:
+    """Run ``phase`` on the task; under a rule that aligns, trained as it asks (:func:`wa.aligned_phase`,
+    ``--wa-clip``) and, unless the step aligns after balancing, ended by the align stage."""
+    from sbcli.methods.rules import wa
+
+    aligns = RULES.get(cfg.inference).aligns
+    if aligns:
+        phase = wa.aligned_phase(ctx.model, phase, clip=cfg.wa_clip)
+    result = TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
+    if aligns and ctx.align:
+        result.stages.append(wa.align(ctx.model, ctx.num_old, ctx.evaluate))
+    return result
 
 
 STEPS = {"wa": _learn_std, "none": _learn_std, "bic": _learn_bic, "icarl": _learn_icarl}
