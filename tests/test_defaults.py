@@ -166,7 +166,7 @@ def plan(cfg, epochs, num_old, num_total):
     return 3 * epochs
 
 
-@register_method("newone", Config, "a method added in one file", ("none",), plan)
+@register_method("newone", Config, "a method added in one file", plan=plan)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     return TaskResult()
 '''

@@ -28,12 +28,11 @@ if TYPE_CHECKING:
     from sbcli.data.device import DeviceData
     from sbcli.engine.loop import PhaseReport, StepOutputs
 
-INFERENCES = ("wa", "none")
 
 
 @dataclass(frozen=True)
 class Config(MethodConfig):
-    RULES: ClassVar[tuple[str, ...]] = INFERENCES
+    RULES: ClassVar[tuple[str, ...]] = ("wa", "none")
     inference: str = inference_option("wa")
     aux_epochs: int | None = option(None, "Epochs of the temporary new-task network.", default_text="--epochs")
     aux_head_rules: bool = option(False, "Train the temporary network with step 1's head rules (off: plain CE, "
@@ -99,7 +98,7 @@ def train_temporary_network(ctx: TaskContext, epochs: int, head_rules: bool = Fa
 
 
 @register_method("dd", Config, "double distillation: a temporary new-task network as a second teacher, then WA",
-                 INFERENCES, plan)
+                 plan=plan)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine.loop import Phase
     from sbcli.methods.common import PairTeacher, learn_first_task

@@ -27,7 +27,6 @@ if TYPE_CHECKING:
     Penalty = Callable[[IncrementalResNet, Partition], torch.Tensor]
 
 SPARSITY_FORMS = ("code", "paper")  # the authors' group lasso (sbcli.nets.partition.sparsity_code) or the paper's
-INFERENCES = ("wa", "none")
 # gamma when --gamma is not given. code: the authors' gamma = 1. paper: the paper form is about 87x
 # the code form on the paper's ResNet-18 at initialisation (median code/paper value ratio 0.0115
 # over seeds 0-2 and the six step-2 splits of the paper's benchmarks, benchmarks/sparsity_gamma.py),
@@ -37,7 +36,7 @@ DEFAULT_GAMMA = {"code": 1.0, "paper": 0.0115}
 
 @dataclass(frozen=True)
 class Config(MethodConfig):
-    RULES: ClassVar[tuple[str, ...]] = INFERENCES
+    RULES: ClassVar[tuple[str, ...]] = ("wa", "none")
     rho: float = option(1.0, "Split ratio factor (the paper: 1.0 to 1.4).")
     sparsity: str = option("code", "Sparsity penalty of phase A: 'code' (the authors' group lasso, which produced "
                                    "the published numbers) or 'paper'.")
@@ -101,7 +100,7 @@ def _epochs(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-@register_method("sb", Config, "Split-and-Bridge: split, separated learning, bridge, WA", INFERENCES, plan,
+@register_method("sb", Config, "Split-and-Bridge: split, separated learning, bridge, WA", plan=plan,
                  title="Split-and-Bridge (Kim & Choi, AAAI 2021)", hub_tag="split-and-bridge")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine.loop import Phase

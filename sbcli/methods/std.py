@@ -20,12 +20,11 @@ if TYPE_CHECKING:
 
     from sbcli.engine.loop import Phase, StepOutputs
 
-INFERENCES = ("wa", "none", "bic", "icarl")
 
 
 @dataclass(frozen=True)
 class Config(MethodConfig):
-    RULES: ClassVar[tuple[str, ...]] = INFERENCES
+    RULES: ClassVar[tuple[str, ...]] = ("wa", "none", "bic", "icarl")
     inference: str = inference_option("wa")
     bic_val_fraction: float = option(0.1, "With --inference bic: share of each class's exemplar quota held out to fit "
                                           "the bias layer.")
@@ -51,7 +50,7 @@ def icarl_loss(out: StepOutputs) -> torch.Tensor:
 
 
 @register_method("std", Config, "lambda*KD + (1-lambda)*CE, with WA (default), BiC, iCaRL (NME) or no inference rule",
-                 INFERENCES, title="STD: lambda * KD + (1 - lambda) * CE (the standard knowledge-distillation baseline)")
+                 title="STD: lambda * KD + (1 - lambda) * CE (the standard knowledge-distillation baseline)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.methods.common import learn_first_task
 
