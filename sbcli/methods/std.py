@@ -1,9 +1,9 @@
 """STD: the standard KD baseline, lambda * KD + (1 - lambda) * CE, teacher = model t-1.
 
 Inference variants (docs/method.md §10): ``wa`` (default; head bias held at zero, weight aligning
-after each step), ``bic`` (a bias layer fit on held-out data, :mod:`sbcli.methods.bic`), ``icarl``
+after each step), ``bic`` (a bias layer fit on held-out data, :mod:`sbcli.methods.bic_training`), ``icarl``
 (training loss CE + KD unweighted, nearest mean of exemplars at inference,
-:mod:`sbcli.methods.nme`) and ``none`` (the plain head).
+:mod:`sbcli.methods.rules.class_means`) and ``none`` (the plain head).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
 
 
 def _learn_bic(ctx: TaskContext, cfg: Config) -> TaskResult:
-    from sbcli.methods.bic import BiasTraining, learn_bic_step
+    from sbcli.methods.bic_training import BiasTraining, learn_bic_step
 
     return learn_bic_step(ctx, BiasTraining(val_fraction=cfg.bic_val_fraction))
 

@@ -6,7 +6,7 @@ from typing import Any
 from sbcli.errors import LearnerError
 from sbcli.methods.rules.rule import InferenceRule, register_rule
 
-SCALE_KEY, SHIFT_KEY = "bic.scale", "bic.shift"  # [C] each: the last step's correction (sbcli.methods.bic)
+SCALE_KEY, SHIFT_KEY = "bic.scale", "bic.shift"  # [C] each: the last step's correction (sbcli.methods.bic_training)
 
 
 def fold_correction(model: Any, extra: dict) -> Any:

@@ -1,5 +1,5 @@
 """``icarl``: STD's training with iCaRL's loss, scored by the nearest mean of exemplars; the class means are
-rebuilt from the exemplars after every memory update (:func:`sbcli.methods.nme.refresh_means`)."""
+rebuilt from the exemplars after every memory update (:func:`sbcli.methods.rules.class_means.refresh_means`)."""
 
 from typing import Any
 
@@ -8,7 +8,7 @@ from sbcli.methods.rules.rule import InferenceRule, register_rule
 
 
 def refresh(*args: Any) -> dict:
-    from sbcli.methods.nme import refresh_means
+    from sbcli.methods.rules.class_means import refresh_means
 
     return refresh_means(*args)
 
