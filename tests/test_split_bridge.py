@@ -25,10 +25,10 @@ from sbcli.engine.loop import Engine, Phase, StepOutputs, TrainConfig
 from sbcli.errors import ConfigError
 from sbcli.learner.records import StepRecord
 from sbcli.methods import TaskContext, build_config
-from sbcli.methods.common import frozen_copy
 from sbcli.methods.losses import ce_loss, kd_loss
 from sbcli.methods.rules.stages import record_json
 from sbcli.methods.split_bridge import Config, bridge_loss, learn_task, separated_loss
+from sbcli.methods.teachers import frozen_copy
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
 from sbcli.nets.partition import cross_mask, cross_norm, disconnect, enforce_masks, make_partition, sparsity_paper

@@ -84,7 +84,8 @@ def train_temporary_network(ctx: TaskContext, epochs: int, head_rules: bool = Fa
         ConfigError: the run gives no way to build a second network.
     """
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import ce, head_rules_phase
+    from sbcli.methods.first_task import head_rules_phase
+    from sbcli.methods.losses import ce
 
     if ctx.make_aux_model is None:
         raise ConfigError("--method dd needs a temporary network, which this run cannot build; use `sb train`.")
@@ -101,7 +102,8 @@ def train_temporary_network(ctx: TaskContext, epochs: int, head_rules: bool = Fa
                  plan=plan)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import PairTeacher, learn_first_task
+    from sbcli.methods.first_task import learn_first_task
+    from sbcli.methods.teachers import PairTeacher
     from sbcli.methods.std import run_aligned
 
     if ctx.step == 0:

@@ -82,7 +82,7 @@ def separated_loss(num_old: int, penalty: Penalty | None = None, gamma: float = 
 
 def bridge_loss(num_old: int, lam: float) -> LossFn:
     """Phase C: lambda * KD + (1 - lambda) * CE; the teacher is the split model, KD on its old logits."""
-    from sbcli.methods.common import kd_ce
+    from sbcli.methods.losses import kd_ce
 
     return kd_ce(num_old, lam)
 
@@ -104,7 +104,7 @@ def _epochs(value: int | None, default: int) -> int:
                  title="Split-and-Bridge (Kim & Choi, AAAI 2021)", hub_tag="split-and-bridge")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import learn_first_task
+    from sbcli.methods.first_task import learn_first_task
     from sbcli.methods.rules import wa
     from sbcli.nets.partition import make_partition
 
@@ -126,7 +126,8 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
 def _split_phases(ctx: TaskContext, cfg: Config, partition: Partition, result: TaskResult) -> None:
     """Phases A and B with the disconnect between them, then the bridge and phase C."""
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import frozen_copy, zero_head_bias
+    from sbcli.methods.teachers import frozen_copy
+    from sbcli.nets.head import zero_head_bias
     from sbcli.nets.partition import bridge, cross_norm, disconnect, enforce_masks, reset_split_batchnorms
 
     model, num_old = ctx.model, ctx.num_old

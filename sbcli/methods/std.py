@@ -52,7 +52,7 @@ def icarl_loss(out: StepOutputs) -> torch.Tensor:
 @register_method("std", Config, "lambda*KD + (1-lambda)*CE, with WA (default), BiC, iCaRL (NME) or no inference rule",
                  title="STD: lambda * KD + (1 - lambda) * CE (the standard knowledge-distillation baseline)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
-    from sbcli.methods.common import learn_first_task
+    from sbcli.methods.first_task import learn_first_task
 
     if ctx.step == 0:
         if RULES.get(cfg.inference).needs_memory and ctx.memory_budget < ctx.num_total:
@@ -79,7 +79,7 @@ def _learn_icarl(ctx: TaskContext, cfg: Config) -> TaskResult:
 def _learn_std(ctx: TaskContext, cfg: Config) -> TaskResult:
     """The STD loss; with ``wa`` the head bias stays zero and the new rows are aligned afterwards."""
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import kd_ce
+    from sbcli.methods.losses import kd_ce
 
     phase = Phase("std", kd_ce(ctx.num_old, ctx.lam), ctx.epochs, teacher=ctx.teacher)
     return run_aligned(ctx, phase, cfg)

@@ -21,7 +21,7 @@ from sbcli.learner.state import Learner, LearnerState
 from sbcli.methods import METHODS, TaskContext, TaskResult
 from sbcli.methods.balance import balanced_finetune
 from sbcli.methods.base import balance_epochs
-from sbcli.methods.common import frozen_copy
+from sbcli.methods.teachers import frozen_copy
 from sbcli.methods.inference import outside_network, refresh_state
 from sbcli.methods.rules import RULES, wa
 from sbcli.methods.rules.stages import BalanceReport, record_json
