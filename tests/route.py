@@ -5,7 +5,8 @@ its arguments is the learner's folder as the command line was given it (a ``Path
 :class:`~sbcli.learner.state.Learner` or its :class:`~sbcli.learner.state.LearnerState`. Frames of other
 functions (the engine's batches, the data readers, torch) do not count and do not break the chain: the
 learner's route is the stack of counted frames alone. A property of an object (``learner.memory``,
-``state.num_classes``) is a read of that object's attribute, not a step of the route, and does not count. The route ends when the store's commit
+``state.num_classes``) is a read of that object's attribute, not a step of the route, and does not count.
+The route ends when the store's commit
 (:func:`sbcli.learner.store.commit.commit_step`) is entered.
 
 What is counted: a *return into a module already left*, each time a counted frame returns and the counted

@@ -11,7 +11,8 @@ from sbcli.cli.app import app
 MOST_RETURNS = 35  # returns into a module already left, CLI to commit (docs/lab/architecture.md)
 
 
-def test_add_task_reaches_the_commit_with_few_returns_into_a_module_already_left(one_task_learner, color_data, tmp_path):
+def test_add_task_reaches_the_commit_with_few_returns_into_a_module_already_left(one_task_learner, color_data,
+                                                                                tmp_path):
     learner = tmp_path / "learner"
     shutil.copytree(one_task_learner, learner)
     args = ["add-task", str(learner), str(color_data["task2_train"]), "--test", str(color_data["task2_test"]),

@@ -7,7 +7,8 @@ from sbcli.metrics import StepMetrics
 
 
 def metrics(overall: float) -> StepMetrics:
-    return StepMetrics(overall=overall, per_task=[overall], old=overall, new=overall, intra_old=overall, intra_new=overall)
+    return StepMetrics(overall=overall, per_task=[overall], old=overall, new=overall, intra_old=overall,
+                       intra_new=overall)
 
 
 def test_stage_reports_write_the_keys_learner_json_always_had_in_the_order_they_ran():

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sbcli.errors import ConfigError
 from sbcli.methods.rules import RULES, rules_help
+from sbcli.methods.rules.rule import RuleOption
 from sbcli.methods.rules.stages import StageReport
 from sbcli.registry import Registry
 
@@ -108,6 +109,11 @@ def option(default: Any, help_text: str, default_text: str | None = None, togeth
     return field(default=default, metadata={"help": help_text, "default_text": default_text, "together": together})
 
 
+def rule_option(owned: RuleOption) -> Any:
+    """The Config field of an option a rule owns (:class:`RuleOption`): its name, default and help are the rule's."""
+    return option(owned.default, owned.help)
+
+
 def inference_option(default: str) -> Any:
     """The ``inference`` field of a method whose default rule is ``default`` (the first of its ``RULES``)."""
     return option(default, INFERENCE_HELP)
@@ -131,6 +137,11 @@ class MethodConfig:
             offered = " or ".join(f"{name} ({RULES.get(name).summary})" for name in self.RULES)
             method = f"--method {self.METHOD}" if self.METHOD else "this method"
             raise ConfigError(f"--inference {self.inference}{unknown} is not available for {method}; choose {offered}.")
+        chosen = RULES.get(self.inference).options
+        for name in self.RULES:  # an option of another rule this method offers, given away from its default
+            for owned in RULES.get(name).options:
+                if owned.refusal and owned not in chosen and getattr(self, owned.name, owned.default) != owned.default:
+                    raise ConfigError(owned.refusal)
 
 
 @dataclass(frozen=True)

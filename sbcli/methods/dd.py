@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError
-from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
-from sbcli.methods.rules import RULES
+from sbcli.methods.base import (MethodConfig, TaskContext, TaskResult, inference_option, option, register_method,
+                               rule_option)
+from sbcli.methods.rules import wa
 
 if TYPE_CHECKING:
     import torch
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
     from sbcli.engine.loop import PhaseReport, StepOutputs
 
 
-
 @dataclass(frozen=True)
 class Config(MethodConfig):
     RULES: ClassVar[tuple[str, ...]] = ("wa", "none")
@@ -37,15 +37,7 @@ class Config(MethodConfig):
     aux_epochs: int | None = option(None, "Epochs of the temporary new-task network.", default_text="--epochs")
     aux_head_rules: bool = option(False, "Train the temporary network with step 1's head rules (off: plain CE, "
                                          "as DMC).")
-    wa_clip: bool = option(False, "With --inference wa: clip negative head weights in every step, as WA's authors "
-                                  "(off: step 1 only, as S&B's code). On 20 held-out Tiny-ImageNet classes in 4 "
-                                  "tasks it kept 57 % of the old classes at step 2 instead of 25 % and raised the "
-                                  "average over steps 1..4 from 43.2 to 48.7 (two seeds).")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.wa_clip and not RULES.get(self.inference).aligns:
-            raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
+    wa_clip: bool = rule_option(wa.CLIP)
 
 
 def plan(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:

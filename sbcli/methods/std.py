@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError
-from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
-from sbcli.methods.rules import RULES
+from sbcli.methods.base import (MethodConfig, TaskContext, TaskResult, inference_option, option, register_method,
+                               rule_option)
+from sbcli.methods.rules import RULES, bic, icarl, wa
 
 if TYPE_CHECKING:
     import torch
@@ -21,24 +22,13 @@ if TYPE_CHECKING:
     from sbcli.engine.loop import Phase, StepOutputs
 
 
-
 @dataclass(frozen=True)
 class Config(MethodConfig):
     RULES: ClassVar[tuple[str, ...]] = ("wa", "none", "bic", "icarl")
     inference: str = inference_option("wa")
-    bic_val_fraction: float = option(0.1, "With --inference bic: share of each class's exemplar quota held out to fit "
-                                          "the bias layer.")
-    wa_clip: bool = option(False, "With --inference wa: clip negative head weights in every step, as WA's authors "
-                                  "(off: step 1 only, as S&B's code). On 20 held-out Tiny-ImageNet classes in 4 "
-                                  "tasks it kept 57 % of the old classes at step 2 instead of 25 % and raised the "
-                                  "average over steps 1..4 from 43.2 to 48.7 (two seeds).")
-    nme_flips: bool = option(True, "With --inference icarl: class means over the exemplars and their flips "
-                                   "(on: iCaRL's code; off: PyCIL).")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.wa_clip and not RULES.get(self.inference).aligns:
-            raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
+    bic_val_fraction: float = rule_option(bic.VAL_FRACTION)
+    wa_clip: bool = rule_option(wa.CLIP)
+    nme_flips: bool = rule_option(icarl.FLIPS)
 
 
 def icarl_loss(out: StepOutputs) -> torch.Tensor:
@@ -88,8 +78,6 @@ def _learn_std(ctx: TaskContext, cfg: Config) -> TaskResult:
 def run_aligned(ctx: TaskContext, phase: Phase, cfg: Config) -> TaskResult:
     """Run ``phase`` on the task; under a rule that aligns, trained as it asks (:func:`wa.aligned_phase`,
     ``--wa-clip``) and, unless the step aligns after balancing, ended by the align stage."""
-    from sbcli.methods.rules import wa
-
     aligns = RULES.get(cfg.inference).aligns
     if aligns:
         phase = wa.aligned_phase(ctx.model, phase, clip=cfg.wa_clip)

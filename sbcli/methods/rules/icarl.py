@@ -4,7 +4,10 @@ rebuilt from the exemplars after every memory update (:func:`sbcli.methods.rules
 from typing import Any
 
 from sbcli.methods.rules.nme import scoring
-from sbcli.methods.rules.rule import InferenceRule, register_rule
+from sbcli.methods.rules.rule import InferenceRule, RuleOption, register_rule
+
+FLIPS = RuleOption("nme_flips", True, "With --inference icarl: class means over the exemplars and their flips "
+                                      "(on: iCaRL's code; off: PyCIL).")
 
 
 def refresh(*args: Any) -> dict:
@@ -15,4 +18,4 @@ def refresh(*args: Any) -> dict:
 
 RULE = register_rule(InferenceRule(
     "icarl", "nearest mean of exemplars", "iCaRL's nearest mean of exemplars (class means inside the exported graph)",
-    clamps_first_task=False, needs_memory=True, scoring=scoring, refresh=refresh))
+    clamps_first_task=False, needs_memory=True, scoring=scoring, refresh=refresh, options=(FLIPS,)))

@@ -21,6 +21,25 @@ StateRefresh = Callable[..., dict]  # (network, exemplar images, labels, feature
 
 
 @dataclass(frozen=True)
+class RuleOption:
+    """An option that belongs to one rule: a method that offers the rule declares it as a field of its Config
+    (``rule_option`` in :mod:`sbcli.methods.base`), under ``name``, so ``sb train`` offers ``--NAME`` and the
+    learner keeps it where it always has.
+
+    Attributes:
+        name: the Config field (``wa_clip``: ``--wa-clip``).
+        default: its value when not given.
+        help: one sentence for the option's help.
+        refusal: why a value other than the default is refused under another rule (None: it is not).
+    """
+
+    name: str
+    default: Any
+    help: str
+    refusal: str | None = None
+
+
+@dataclass(frozen=True)
 class InferenceRule:
     """One inference rule.
 
@@ -36,6 +55,7 @@ class InferenceRule:
         needs_memory: the rule is fitted on exemplars of every class (a memory below one per class is refused).
         scoring: the builder of its scoring module; None: the network's logits are the scores.
         refresh: its state rebuilt after every memory update (None: it keeps none that depends on the memory).
+        options: the options it owns (:class:`RuleOption`).
     """
 
     name: str
@@ -48,6 +68,7 @@ class InferenceRule:
     scoring: ScoringBuilder | None = None
     refresh: StateRefresh | None = None
     offered: bool = True  # named in --inference's help (False: a rule no method offers on its own, kept for its scoring)
+    options: tuple[RuleOption, ...] = ()
 
 
 RULES: Registry[InferenceRule] = Registry("inference rule")
