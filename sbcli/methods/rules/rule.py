@@ -3,11 +3,11 @@
 Rules are a second axis beside methods (a method says which rules it takes, ``Config.RULES``, and nowhere
 else). A rule several methods share is one file of this package; a method with a rule of its own may register
 it in the method's file (one new file and its import line in :mod:`sbcli.methods`). Each registers one
-:class:`InferenceRule`: its help, the text a
-model card gives it, whether class-balanced fine-tuning may follow it, whether the first task's head
-rules are on by default under it, and how it scores (a builder of one scoring module, or the
-network's own logits), the options it owns (:class:`RuleOption`). The files import torch only inside their builders, so that the command line
-reads the rules (``--inference`` and its help) without it.
+:class:`InferenceRule`: its help, the text a model card gives it, whether class-balanced fine-tuning may
+follow it, whether the first task's head rules are on by default under it, how it scores (a builder of one
+scoring module, or the network's own logits) and the options it owns (:class:`RuleOption`). The files import
+torch only inside their builders, so that the command line reads the rules (``--inference`` and its help)
+without it.
 """
 
 from __future__ import annotations
