@@ -103,6 +103,7 @@ def _settle(learner: Learner, engine: Engine, result: TaskResult, train: ImageSe
     and, with ``measure_network``, under the network's own logits (what iCaRL's nearest mean or BiC's
     correction start from; a frozen backbone's head is never trained: its accuracy would be chance)."""
     cfg, memory = learner.state.method_config, learner.memory
+    stages = RULES.get(cfg.inference).stages  # refresh, balance, align: those the rule declares, in this order
 
     def features(images: torch.Tensor) -> torch.Tensor:  # of the model as it is now: what memory and rule keep
         return engine.features(learner.model, images)
@@ -114,17 +115,18 @@ def _settle(learner: Learner, engine: Engine, result: TaskResult, train: ImageSe
         return evaluate_learner(learner, engine, test)
 
     memory.update(train.images, train.labels, learner.state.num_classes, features)
-    refresh()
-    balanced = balance > 0 and len(memory) > 0
+    if "refresh" in stages:
+        refresh()
+    balanced = "balance" in stages and balance > 0 and len(memory) > 0
     if balanced:  # the balance stage
         before = accuracy()
         result.phases.append(balanced_finetune(learner.model, memory.tensors(), engine, balance,
                                                learner.state.train_config.balance_lr,
-                                               hold_bias_at_zero=RULES.get(cfg.inference).aligns))
+                                               hold_bias_at_zero="align" in stages))
         result.stages.append(BalanceReport(before))
-    if align_last:  # the align stage, left by the method to after the fine-tuning
+    if align_last and "align" in stages:  # the align stage, left by the method to after the fine-tuning
         result.stages.append(wa.align(learner.model, num_old, accuracy))
-    if balanced or align_last:
+    if (balanced or align_last) and "refresh" in stages:
         refresh()
     metrics = evaluate_learner(learner, engine, test, cache=feature_cache_for(learner.state.method))
     return metrics, evaluate_learner(learner, engine, test, network=True) if measure_network else None

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sbcli.methods.rules.stages import STAGES
 from sbcli.registry import Registry
 
 ScoringBuilder = Callable[[Any, dict], Any]  # (network, the learner's extra tensors) -> nn.Module: images -> scores
@@ -71,6 +72,14 @@ class InferenceRule:
     refresh: StateRefresh | None = None
     offered: bool = True  # named in --inference's help (False: a rule no method offers on its own, kept for its scoring)
     options: tuple[RuleOption, ...] = ()
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The stages that end a step under this rule, in the order they run (:data:`stages.STAGES`): refresh
+        (its state rebuilt from the memory), balance (class-balanced fine-tuning, where it may follow), align
+        (the new classes' head rows aligned)."""
+        on = {"refresh": self.refresh is not None, "balance": self.balance_refusal is None, "align": self.aligns}
+        return tuple(stage for stage in STAGES if on[stage])
 
 
 RULES: Registry[InferenceRule] = Registry("inference rule")
