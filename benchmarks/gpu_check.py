@@ -242,7 +242,7 @@ def profile(check: Check) -> dict:
 
     from sbcli.data.device import DeviceData, Normalization
     from sbcli.engine.loop import Engine, Phase, TrainConfig
-    from sbcli.methods.common import frozen_copy
+    from sbcli.methods.teachers import frozen_copy
     from sbcli.methods.split_bridge import bridge_loss
     from sbcli.nets import create_model
 

@@ -48,7 +48,7 @@ from sbcli.bench import BenchPlan, run_bench
 from sbcli.data.catalog import open_spec, resolve_spec
 from sbcli.data.device import DeviceData
 from sbcli.engine.loop import Engine, Phase, ProgressEvent, TrainConfig
-from sbcli.methods.common import frozen_copy
+from sbcli.methods.teachers import frozen_copy
 from sbcli.methods.split_bridge import bridge_loss
 from sbcli.nets import create_model
 from sbcli.nets.partition import make_partition

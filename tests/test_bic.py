@@ -9,7 +9,7 @@ from sbcli.data.device import DeviceData
 from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ConfigError
 from sbcli.learner.state import Learner
-from sbcli.methods import bic
+from sbcli.methods import bic_training as bic
 from sbcli.methods.base import TaskContext
 from sbcli.methods.inference import scoring_module
 from sbcli.nets import create_model

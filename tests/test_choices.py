@@ -9,8 +9,9 @@ from torch.nn import functional as F
 from sbcli.data.device import DeviceData
 from sbcli.engine.loop import Phase, PhaseReport
 from sbcli.errors import ConfigError
-from sbcli.methods import TaskContext, build_config, dd, nme, std
-from sbcli.methods.common import clip_head_weights
+from sbcli.methods import TaskContext, build_config, dd, std
+from sbcli.methods.rules import class_means
+from sbcli.nets.head import clip_head_weights
 from sbcli.methods.split_bridge import DEFAULT_GAMMA
 from sbcli.metrics import StepMetrics
 from sbcli.nets import create_model
@@ -75,9 +76,9 @@ def test_nme_class_means_with_and_without_flips():
     def features(x: torch.Tensor) -> torch.Tensor:
         return x.float().flatten(1)[:, :4]  # not flip-invariant
 
-    plain = nme.class_means(features, images, labels, 1, flips=False)
+    plain = class_means.class_means(features, images, labels, 1, flips=False)
     torch.testing.assert_close(plain[0], F.normalize(F.normalize(features(images), dim=1).mean(0), dim=0))
-    flipped = nme.class_means(features, images, labels, 1)
+    flipped = class_means.class_means(features, images, labels, 1)
     both = F.normalize(features(images), dim=1) + F.normalize(features(images.flip(-1)), dim=1)
     torch.testing.assert_close(flipped[0], F.normalize(both.mean(0), dim=0))
     assert not torch.allclose(plain, flipped)

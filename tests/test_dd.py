@@ -12,8 +12,8 @@ from sbcli.data.device import DeviceData
 from sbcli.engine.loop import StepOutputs, TrainConfig
 from sbcli.errors import ConfigError
 from sbcli.methods import build_config, dd
-from sbcli.methods.common import PairTeacher
 from sbcli.methods.losses import ce_loss, kd_loss
+from sbcli.methods.teachers import PairTeacher
 from sbcli.nets import create_model
 
 

@@ -153,11 +153,15 @@ NEW_METHOD = '''
 from dataclasses import dataclass
 
 from sbcli.methods.base import INFERENCE_HELP, TaskContext, TaskResult, option, register_method
+from sbcli.methods.rules import InferenceRule, register_rule
+
+register_rule(InferenceRule("newrule", "the new method's own scores", "its own scores"))
 
 
 @dataclass(frozen=True)
 class Config:
-    inference: str = option("none", INFERENCE_HELP)
+    RULES = ("newrule", "none")
+    inference: str = option("newrule", INFERENCE_HELP)
     first_task_rules: bool = option(True, "Step 1 keeps the head bias at zero.")
     shrink: float = option(0.5, "How much the new method shrinks.")
 
@@ -166,7 +170,7 @@ def plan(cfg, epochs, num_old, num_total):
     return 3 * epochs
 
 
-@register_method("newone", Config, "a method added in one file", ("none",), plan)
+@register_method("newone", Config, "a method added in one file", plan=plan)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     return TaskResult()
 '''
@@ -177,10 +181,12 @@ def test_a_method_in_one_new_file_brings_its_options_plan_and_rules(tmp_path):
     code = ("import sys, newone, typer.main; from sbcli.cli.app import app; from sbcli.run.plan import sequence_epochs; "
             "p = {q.name: q for q in typer.main.get_command(app).commands['train'].params}; "
             "print(p['shrink'].help); print(sequence_epochs('newone', {}, 2, [1, 1, 1])); "
-            "print('torch' in sys.modules)")
+            "print('torch' in sys.modules); print(p['inference'].help)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**os.environ, "PYTHONPATH": f"{tmp_path}:{Path(__file__).resolve().parents[1]}"})
     assert out.stdout.split("\n")[:3] == ["newone: How much the new method shrinks (default: 0.5).", "[2, 6, 6]", "False"]
+    assert "newrule (the new method's own scores)" in out.stdout.split("\n")[3]  # its own rule, from its own file
+    assert "newone takes newrule" in out.stdout.split("\n")[3].replace(" or ", ", ")
 
 
 def test_the_inference_help_names_every_offered_rule_with_no_list_to_keep(monkeypatch):

@@ -30,8 +30,9 @@ from sbcli.data.device import DeviceData, Normalization, augment, normalize
 from sbcli.engine import distributed
 from sbcli.engine.hardware import exact_float32
 from sbcli.engine.loop import Engine, Phase, StepOutputs, TrainConfig
-from sbcli.methods.common import clip_head_weights, frozen_copy, zero_head_bias
 from sbcli.methods.losses import ce_loss, kd_ce_loss
+from sbcli.methods.teachers import frozen_copy
+from sbcli.nets.head import clip_head_weights, zero_head_bias
 from sbcli.methods.split_bridge import separated_loss
 from sbcli.nets import create_model
 from sbcli.nets.partition import cross_mask, disconnect, enforce_masks, make_partition, sparsity_code

@@ -12,7 +12,7 @@ from sbcli.engine.loop import Engine, TrainConfig
 from sbcli.errors import ConfigError
 from sbcli.methods import joint
 from sbcli.methods.base import TaskContext
-from sbcli.methods.common import learn_first_task
+from sbcli.methods.first_task import learn_first_task
 from sbcli.nets import create_model
 
 

@@ -9,10 +9,10 @@ from sbcli import api
 from sbcli.engine.loop import Engine, StepOutputs, TrainConfig
 from sbcli.errors import ConfigError, ExportError
 from sbcli.learner.state import Learner
-from sbcli.methods import nme
+from sbcli.methods.rules import class_means as nme
 from sbcli.methods.inference import scoring_module
 from sbcli.methods.losses import ce_loss, kd_loss
-from sbcli.methods.rules.modules import NearestMeanScores
+from sbcli.methods.rules.scoring_modules import NearestMeanScores
 from sbcli.methods.rules.nme import MEANS_KEY as NME_MEANS
 from sbcli.methods.std import icarl_loss
 from sbcli.nets import create_model

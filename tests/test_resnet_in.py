@@ -8,7 +8,7 @@ import torch
 
 from sbcli.data.device import DeviceData, Normalization
 from sbcli.engine.loop import Engine, Phase, TrainConfig
-from sbcli.methods.common import frozen_copy
+from sbcli.methods.teachers import frozen_copy
 from sbcli.methods.split_bridge import separated_loss
 from sbcli.nets import create_model, list_models
 from sbcli.nets.partition import (

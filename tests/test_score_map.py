@@ -57,7 +57,7 @@ def test_a_ridge_learner_keeps_its_map_scores_through_it_and_exports_it(monkeypa
     assert torch.equal(learner.extra[score_map.KNOTS_KEY], fixed[0])
     assert torch.equal(learner.extra[score_map.COEFFICIENTS_KEY], fixed[1])
     assert all(r.record["score_map"] == 1 for r in learner.state.history)
-    from sbcli.methods.rules.modules import ridge_module
+    from sbcli.methods.rules.scoring_modules import ridge_module
     from sbcli.methods.rules.ridge import HEAD_KEY, PROJECTION_KEY
 
     features = torch.randn(5, learner.model.num_features)

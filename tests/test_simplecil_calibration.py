@@ -17,7 +17,7 @@ from sbcli.engine.loop import TrainConfig
 from sbcli.errors import ExportError
 from sbcli.learner.state import Learner
 from sbcli.methods import simplecil
-from sbcli.methods.rules.modules import prototype_module
+from sbcli.methods.rules.scoring_modules import prototype_module
 from sbcli.methods.simplecil import (
     PROTOTYPES_KEY,
     SCALE_KEY,

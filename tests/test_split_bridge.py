@@ -25,9 +25,10 @@ from sbcli.engine.loop import Engine, Phase, StepOutputs, TrainConfig
 from sbcli.errors import ConfigError
 from sbcli.learner.records import StepRecord
 from sbcli.methods import TaskContext, build_config
-from sbcli.methods.common import frozen_copy
 from sbcli.methods.losses import ce_loss, kd_loss
+from sbcli.methods.rules.stages import record_json
 from sbcli.methods.split_bridge import Config, bridge_loss, learn_task, separated_loss
+from sbcli.methods.teachers import frozen_copy
 from sbcli.metrics import StepMetrics, step_metrics
 from sbcli.nets import create_model
 from sbcli.nets.partition import cross_mask, cross_norm, disconnect, enforce_masks, make_partition, sparsity_paper
@@ -144,7 +145,7 @@ def test_a_split_step_runs_a_b_c_with_the_right_teachers_and_records():
     assert c["teacher"] is not ctx.teacher and c["teacher"].num_classes == NUM_OLD + NUM_NEW  # the split model
     assert torch.all(a["end_bias"] == 0)  # phase A keeps the head bias at zero
     assert a["masks"] == [False] * len(a["masks"]) and all(b["masks"]) and not any(c["masks"])
-    record = result.record
+    record = record_json(result.record, result.stages)
     assert record["partition"]["is_split"] and record["partition"]["bf"] == pytest.approx(0.6)
     assert record["cross_norm_before_disconnect"] > 0
     assert set(record["after_B"]) >= {"overall", "old", "new", "intra_old", "intra_new"}
@@ -190,7 +191,8 @@ def test_a_step_with_bf_1_is_not_split_and_learns_against_model_t_minus_1():
     assert engine.seen[0]["teacher"] is ctx.teacher
     assert not result.record["partition"]["is_split"] and result.record["partition"]["bf"] == 1.0
     assert "after_B" not in result.record and "cross_norm_before_disconnect" not in result.record
-    assert "after_C" in result.record and "wa_factor" in result.record
+    assert "after_C" in result.record and [type(s).__name__ for s in result.stages] == ["AlignReport"]
+    assert "wa_factor" in record_json(result.record, result.stages)
 
 
 def test_phase_epochs_default_to_the_run_epochs():

@@ -282,7 +282,7 @@ def _own_data_rules(o: dict, given: dict, own: bool) -> None:
     spec = METHODS.get(o.get("method") or RunOptions.method) if (o.get("method") or RunOptions.method) in METHODS.names() else None
     for name in method_keys() & DEFAULTS.keys() - asked:
         takes = spec is not None and name in _fields(spec.config)
-        if not takes or (name == "wa_clip" and o.get("inference") is not None and not RULES.get(o["inference"]).aligns):
+        if not takes or name in _owned_by_other_rules(o.get("inference")):
             o[name] = None
     if not own:
         return
@@ -293,6 +293,14 @@ def _own_data_rules(o: dict, given: dict, own: bool) -> None:
     if o.get("inference") in RULES.names() and not RULES.get(o["inference"]).clamps_first_task \
             and "first_task_rules" not in asked:
         o["first_task_rules"] = False
+
+
+def _owned_by_other_rules(inference: str | None) -> set[str]:
+    """The options other rules own than ``inference`` (none when no rule is given, or one sbcli does not know)."""
+    if inference is None or inference not in RULES.names():
+        return set()
+    every = {owned.name for name in RULES.names() for owned in RULES.get(name).options}
+    return every - {owned.name for owned in RULES.get(inference).options}
 
 
 def _balance_before_wa(method: str, method_options: dict, epochs: int) -> None:

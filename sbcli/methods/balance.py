@@ -19,7 +19,8 @@ import torch
 
 from sbcli.data.device import DeviceData
 from sbcli.engine.loop import Engine, Phase, PhaseReport
-from sbcli.methods.common import ce, zero_head_bias
+from sbcli.methods.losses import ce
+from sbcli.nets.head import zero_head_bias
 from sbcli.nets.resnet import IncrementalResNet
 
 

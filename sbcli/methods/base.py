@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sbcli.errors import ConfigError
 from sbcli.methods.rules import RULES, rules_help
+from sbcli.methods.rules.rule import RuleOption
+from sbcli.methods.rules.stages import StageReport
 from sbcli.registry import Registry
 
 if TYPE_CHECKING:  # a method file is read without torch (the CLI builds its options from the Config)
@@ -72,6 +74,7 @@ class TaskResult:
 
     phases: list[PhaseReport] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
+    stages: list[StageReport] = field(default_factory=list)  # the end-of-step stages' reports, in the order they ran
     extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
@@ -106,6 +109,11 @@ def option(default: Any, help_text: str, default_text: str | None = None, togeth
     return field(default=default, metadata={"help": help_text, "default_text": default_text, "together": together})
 
 
+def rule_option(owned: RuleOption) -> Any:
+    """The Config field of an option a rule owns (:class:`RuleOption`): its name, default and help are the rule's."""
+    return option(owned.default, owned.help)
+
+
 def inference_option(default: str) -> Any:
     """The ``inference`` field of a method whose default rule is ``default`` (the first of its ``RULES``)."""
     return option(default, INFERENCE_HELP)
@@ -118,7 +126,8 @@ class MethodConfig:
     not ``none``, redeclares ``inference`` with :func:`inference_option`; its own ``__post_init__``
     calls this one first."""
 
-    RULES: ClassVar[tuple[str, ...]] = ("none",)
+    RULES: ClassVar[tuple[str, ...]] = ("none",)  # the one place a method declares its rules
+    METHOD: ClassVar[str] = ""  # the name it is registered under (set by register_method)
     inference: str = inference_option("none")
     first_task_rules: bool = option(True, FIRST_TASK_RULES_HELP)
 
@@ -126,7 +135,13 @@ class MethodConfig:
         if self.inference not in self.RULES:
             unknown = "" if self.inference in RULES.names() else " (no such rule)"
             offered = " or ".join(f"{name} ({RULES.get(name).summary})" for name in self.RULES)
-            raise ConfigError(f"--inference {self.inference}{unknown} is not one of this method's rules; choose {offered}.")
+            method = f"--method {self.METHOD}" if self.METHOD else "this method"
+            raise ConfigError(f"--inference {self.inference}{unknown} is not available for {method}; choose {offered}.")
+        chosen = RULES.get(self.inference).options
+        for name in self.RULES:  # an option of another rule this method offers, given away from its default
+            for owned in RULES.get(name).options:
+                if owned.refusal and owned not in chosen and getattr(self, owned.name, owned.default) != owned.default:
+                    raise ConfigError(owned.refusal)
 
 
 @dataclass(frozen=True)
@@ -161,16 +176,19 @@ class MethodSpec:
 METHODS: Registry[MethodSpec] = Registry("method")
 
 
-def register_method(name: str, config: type, summary: str, inferences: tuple[str, ...] | None = None,
+def register_method(name: str, config: type, summary: str,
                     plan: Plan = one_phase, title: str | None = None, hub_tag: str | None = None,
                     first_plan: FirstPlan = first_task_epochs, frozen_backbone: bool = False,
                     run_defaults: tuple[tuple[str, Any], ...] = (), streams: bool = False,
                     known_images: bool = False, any_backbone: bool = False) -> Callable:
-    """Decorator: register ``learn_task`` under ``name`` with its Config dataclass, inference rules and plan
-    (and how a model card names it, whether its backbone stays frozen, run settings it defaults)."""
+    """Decorator: register ``learn_task`` under ``name`` with its Config dataclass and plan (and how a model
+    card names it, whether its backbone stays frozen or may be a timm network trained whole, run settings it
+    defaults). Its inference rules are the Config's ``RULES``, declared there alone."""
 
     def add(fn: Callable[[TaskContext, Any], TaskResult]) -> Callable[[TaskContext, Any], TaskResult]:
-        rules = inferences or getattr(config, "RULES", ("none",))  # a MethodConfig says its rules itself
+        rules = getattr(config, "RULES", ("none",))
+        if issubclass(config, MethodConfig):
+            config.METHOD = name
         METHODS.register(name)(MethodSpec(name, config, fn, summary, rules, plan, title, hub_tag, first_plan,
                                           frozen_backbone, run_defaults, streams, known_images, any_backbone))
         return fn
@@ -191,11 +209,7 @@ def build_config(name: str, options: dict[str, Any]) -> Any:
     if unknown:
         flags = ", ".join("--" + k.replace("_", "-") for k in unknown)
         raise ConfigError(f"{flags} does not apply to --method {name}; drop it or pick a method that takes it.")
-    rule = given.get("inference")
-    if rule is not None and rule not in spec.inferences:
-        offered = " or ".join(f"{r} ({RULES.get(r).summary})" for r in spec.inferences)
-        raise ConfigError(f"--inference {rule} is not available for --method {name}; choose {offered}.")
-    return spec.config(**given)
+    return spec.config(**given)  # a rule the method does not take: refused by its Config, in one sentence
 
 
 def balance_epochs(name: str, options: Any, epochs: int, asked: bool) -> int:

@@ -18,7 +18,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError
-from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
+from sbcli.methods.base import (MethodConfig, TaskContext, TaskResult, inference_option, option, register_method,
+                               rule_option)
+from sbcli.methods.rules import wa
 
 if TYPE_CHECKING:
     import torch
@@ -27,25 +29,15 @@ if TYPE_CHECKING:
     from sbcli.data.device import DeviceData
     from sbcli.engine.loop import PhaseReport, StepOutputs
 
-INFERENCES = ("wa", "none")
-
 
 @dataclass(frozen=True)
 class Config(MethodConfig):
-    RULES: ClassVar[tuple[str, ...]] = INFERENCES
+    RULES: ClassVar[tuple[str, ...]] = ("wa", "none")
     inference: str = inference_option("wa")
     aux_epochs: int | None = option(None, "Epochs of the temporary new-task network.", default_text="--epochs")
     aux_head_rules: bool = option(False, "Train the temporary network with step 1's head rules (off: plain CE, "
                                          "as DMC).")
-    wa_clip: bool = option(False, "With --inference wa: clip negative head weights in every step, as WA's authors "
-                                  "(off: step 1 only, as S&B's code). On 20 held-out Tiny-ImageNet classes in 4 "
-                                  "tasks it kept 57 % of the old classes at step 2 instead of 25 % and raised the "
-                                  "average over steps 1..4 from 43.2 to 48.7 (two seeds).")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.wa_clip and self.inference != "wa":
-            raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
+    wa_clip: bool = rule_option(wa.CLIP)
 
 
 def plan(cfg: Config, epochs: int, num_old: int, num_total: int) -> int:
@@ -84,7 +76,8 @@ def train_temporary_network(ctx: TaskContext, epochs: int, head_rules: bool = Fa
         ConfigError: the run gives no way to build a second network.
     """
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import ce, head_rules_phase
+    from sbcli.methods.first_task import head_rules_phase
+    from sbcli.methods.losses import ce
 
     if ctx.make_aux_model is None:
         raise ConfigError("--method dd needs a temporary network, which this run cannot build; use `sb train`.")
@@ -98,10 +91,12 @@ def train_temporary_network(ctx: TaskContext, epochs: int, head_rules: bool = Fa
 
 
 @register_method("dd", Config, "double distillation: a temporary new-task network as a second teacher, then WA",
-                 INFERENCES, plan)
+                 plan=plan)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import PairTeacher, learn_first_task, run_with_wa
+    from sbcli.methods.first_task import learn_first_task
+    from sbcli.methods.teachers import PairTeacher
+    from sbcli.methods.std import run_aligned
 
     if ctx.step == 0:
         return learn_first_task(ctx, cfg.first_task_rules)
@@ -109,6 +104,6 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     aux, aux_report = train_temporary_network(ctx, epochs, cfg.aux_head_rules)
     teacher = PairTeacher(ctx.teacher, aux).eval()
     phase = Phase("dd", double_distillation_loss(ctx.num_old, ctx.lam), ctx.epochs, teacher=teacher)
-    result = run_with_wa(ctx, phase, cfg.inference == "wa", clip=cfg.wa_clip)
+    result = run_aligned(ctx, phase, cfg)
     result.phases.insert(0, aux_report)
     return result

@@ -16,7 +16,8 @@ class Config(MethodConfig):
                  title="fine-tuning on new data plus exemplars (the lower bound)", any_backbone=True)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import ce, learn_first_task
+    from sbcli.methods.first_task import learn_first_task
+    from sbcli.methods.losses import ce
 
     if ctx.step == 0:
         return learn_first_task(ctx, cfg.first_task_rules)

@@ -2,7 +2,7 @@
 
 Rules in the network's weights (``wa``, ``none``) score with the logits; a rule with a scoring
 builder (``bic``, ``nme``, ``icarl``, ``prototype``, ``ridge``) scores with the module it builds from
-the network and the learner's extra tensors (:mod:`sbcli.methods.rules.modules`); a rule with a refresh
+the network and the learner's extra tensors (:mod:`sbcli.methods.rules.scoring_modules`); a rule with a refresh
 rebuilds its state after every memory update (``icarl``'s class means).
 """
 

@@ -27,7 +27,7 @@ class Config(MethodConfig):
 
 @register_method("joint", Config, "oracle: retrain from scratch on every class seen (upper bound)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
-    from sbcli.methods.common import learn_first_task
+    from sbcli.methods.first_task import learn_first_task
 
     if ctx.seen_data is None:
         raise ConfigError("--method joint retrains on the images of every class seen, which add-task does not have; "

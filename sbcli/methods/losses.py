@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from sbcli.engine.loop import LossFn, StepOutputs
 
 TEMPERATURE = 2.0  # docs/method.md §4: T = 2
 
@@ -38,3 +43,19 @@ def kd_ce_loss(logits: torch.Tensor, targets: torch.Tensor, teacher_logits: torc
     """The standard loss: lambda * KD(old logits) + (1 - lambda) * CE, lambda = C_old / C_total."""
     num_old = teacher_logits.shape[1]
     return lam * kd_loss(logits[:, :num_old], teacher_logits) + (1 - lam) * ce_loss(logits, targets)
+
+
+# As phase losses: what a Phase takes (StepOutputs -> loss).
+
+def ce(out: StepOutputs) -> torch.Tensor:
+    """Plain cross-entropy over every seen class."""
+    return ce_loss(out.logits, out.targets)
+
+
+def kd_ce(num_old: int, lam: float) -> LossFn:
+    """The STD loss, lambda * KD(the teacher's old logits) + (1 - lambda) * CE, as a phase loss."""
+
+    def loss(out: StepOutputs) -> torch.Tensor:
+        return kd_ce_loss(out.logits, out.targets, out.teacher_logits[:, :num_old], lam)
+
+    return loss

@@ -17,6 +17,7 @@ from typing import Any, Optional
 from sbcli.defaults import show
 from sbcli.errors import ConfigError
 from sbcli.methods.base import METHODS
+from sbcli.methods.rules import rules_help
 
 
 @dataclass(frozen=True)
@@ -94,10 +95,10 @@ def method_options() -> list[MethodOption]:
             continue
         kind = _base_type(owners[0][2])
         helps = {m: f.metadata.get("help", "") for m, f, _ in owners}
-        if name == "inference":  # each method names the rules it takes
-            helps = {m: f"{text}; " + "; ".join(f"{', '.join(ms)} take{'s' if len(ms) == 1 else ''} {_or(rules)}" for rules, ms in
+        if name == "inference":  # every rule registered by now (a method's own file may add one), then each method's
+            helps = {m: f"{rules_help()}; " + "; ".join(f"{', '.join(ms)} take{'s' if len(ms) == 1 else ''} {_or(rules)}" for rules, ms in
                                                    _grouped({m: ", ".join(METHODS.get(m).inferences) for m in helps}))
-                     + "." for m, text in helps.items()}
+                     + "." for m in helps}
         texts = {m: f.metadata.get("default_text") or show(f.default) for m, f, _ in owners}
         options[name] = MethodOption(name, _flag(name, kind), Optional[kind], _help(helps),
                                      (name,), {m: f.default for m, f, _ in owners}, texts)

@@ -250,7 +250,8 @@ def adapt(ctx: TaskContext, cfg: Config) -> list:
     if ctx.step > 0 or cfg.adapt_epochs == 0:
         return []
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import ce, head_rules_phase
+    from sbcli.methods.first_task import head_rules_phase
+    from sbcli.methods.losses import ce
 
     phase = head_rules_phase(ctx.model, Phase("adapt", ce, cfg.adapt_epochs), cfg.first_task_rules)
     return [ctx.engine.run(ctx.model, ctx.data, phase)]

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sbcli.errors import ConfigError
 from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
+from sbcli.methods.rules import RULES
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
     Penalty = Callable[[IncrementalResNet, Partition], torch.Tensor]
 
 SPARSITY_FORMS = ("code", "paper")  # the authors' group lasso (sbcli.nets.partition.sparsity_code) or the paper's
-INFERENCES = ("wa", "none")
 # gamma when --gamma is not given. code: the authors' gamma = 1. paper: the paper form is about 87x
 # the code form on the paper's ResNet-18 at initialisation (median code/paper value ratio 0.0115
 # over seeds 0-2 and the six step-2 splits of the paper's benchmarks, benchmarks/sparsity_gamma.py),
@@ -37,7 +37,7 @@ DEFAULT_GAMMA = {"code": 1.0, "paper": 0.0115}
 
 @dataclass(frozen=True)
 class Config(MethodConfig):
-    RULES: ClassVar[tuple[str, ...]] = INFERENCES
+    RULES: ClassVar[tuple[str, ...]] = ("wa", "none")
     rho: float = option(1.0, "Split ratio factor (the paper: 1.0 to 1.4).")
     sparsity: str = option("code", "Sparsity penalty of phase A: 'code' (the authors' group lasso, which produced "
                                    "the published numbers) or 'paper'.")
@@ -114,7 +114,7 @@ def separated_loss(num_old: int, penalty: Penalty | None = None, gamma: float = 
 
 def bridge_loss(num_old: int, lam: float) -> LossFn:
     """Phase C: lambda * KD + (1 - lambda) * CE; the teacher is the split model, KD on its old logits."""
-    from sbcli.methods.common import kd_ce
+    from sbcli.methods.losses import kd_ce
 
     return kd_ce(num_old, lam)
 
@@ -132,11 +132,12 @@ def _epochs(value: int | None, default: int) -> int:
     return default if value is None else value
 
 
-@register_method("sb", Config, "Split-and-Bridge: split, separated learning, bridge, WA", INFERENCES, plan,
+@register_method("sb", Config, "Split-and-Bridge: split, separated learning, bridge, WA", plan=plan,
                  title="Split-and-Bridge (Kim & Choi, AAAI 2021)", hub_tag="split-and-bridge")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import learn_first_task, weight_align
+    from sbcli.methods.first_task import learn_first_task
+    from sbcli.methods.rules import wa
     from sbcli.nets.partition import make_partition
 
     if ctx.step == 0:
@@ -149,15 +150,16 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
         phase = Phase("C", bridge_loss(ctx.num_old, ctx.lam), _epochs(cfg.epochs_c, ctx.epochs), teacher=ctx.teacher)
         result.phases.append(ctx.engine.run(ctx.model, ctx.data, phase))
     result.record["after_C"] = ctx.evaluate().to_json()
-    if cfg.inference == "wa" and ctx.align:
-        result.record["wa_factor"] = weight_align(ctx.model, ctx.num_old)
+    if RULES.get(cfg.inference).aligns and ctx.align:  # the align stage, its accuracy before being after_C
+        result.stages.append(wa.align(ctx.model, ctx.num_old))
     return result
 
 
 def _split_phases(ctx: TaskContext, cfg: Config, partition: Partition, result: TaskResult) -> None:
     """Phases A and B with the disconnect between them, then the bridge and phase C."""
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import frozen_copy, zero_head_bias
+    from sbcli.methods.teachers import frozen_copy
+    from sbcli.nets.head import zero_head_bias
     from sbcli.nets.partition import bridge, cross_norm, disconnect, enforce_masks, reset_split_batchnorms
 
     model, num_old = ctx.model, ctx.num_old

@@ -1,9 +1,9 @@
 """STD: the standard KD baseline, lambda * KD + (1 - lambda) * CE, teacher = model t-1.
 
 Inference variants (docs/method.md §10): ``wa`` (default; head bias held at zero, weight aligning
-after each step), ``bic`` (a bias layer fit on held-out data, :mod:`sbcli.methods.bic`), ``icarl``
+after each step), ``bic`` (a bias layer fit on held-out data, :mod:`sbcli.methods.bic_training`), ``icarl``
 (training loss CE + KD unweighted, nearest mean of exemplars at inference,
-:mod:`sbcli.methods.nme`) and ``none`` (the plain head).
+:mod:`sbcli.methods.rules.class_means`) and ``none`` (the plain head).
 """
 
 from __future__ import annotations
@@ -12,34 +12,23 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError
-from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
-from sbcli.methods.rules import RULES
+from sbcli.methods.base import (MethodConfig, TaskContext, TaskResult, inference_option, option, register_method,
+                               rule_option)
+from sbcli.methods.rules import RULES, bic, icarl, wa
 
 if TYPE_CHECKING:
     import torch
 
-    from sbcli.engine.loop import StepOutputs
-
-INFERENCES = ("wa", "none", "bic", "icarl")
+    from sbcli.engine.loop import Phase, StepOutputs
 
 
 @dataclass(frozen=True)
 class Config(MethodConfig):
-    RULES: ClassVar[tuple[str, ...]] = INFERENCES
+    RULES: ClassVar[tuple[str, ...]] = ("wa", "none", "bic", "icarl")
     inference: str = inference_option("wa")
-    bic_val_fraction: float = option(0.1, "With --inference bic: share of each class's exemplar quota held out to fit "
-                                          "the bias layer.")
-    wa_clip: bool = option(False, "With --inference wa: clip negative head weights in every step, as WA's authors "
-                                  "(off: step 1 only, as S&B's code). On 20 held-out Tiny-ImageNet classes in 4 "
-                                  "tasks it kept 57 % of the old classes at step 2 instead of 25 % and raised the "
-                                  "average over steps 1..4 from 43.2 to 48.7 (two seeds).")
-    nme_flips: bool = option(True, "With --inference icarl: class means over the exemplars and their flips "
-                                   "(on: iCaRL's code; off: PyCIL).")
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.wa_clip and self.inference != "wa":
-            raise ConfigError("--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
+    bic_val_fraction: float = rule_option(bic.VAL_FRACTION)
+    wa_clip: bool = rule_option(wa.CLIP)
+    nme_flips: bool = rule_option(icarl.FLIPS)
 
 
 def icarl_loss(out: StepOutputs) -> torch.Tensor:
@@ -51,10 +40,10 @@ def icarl_loss(out: StepOutputs) -> torch.Tensor:
 
 
 @register_method("std", Config, "lambda*KD + (1-lambda)*CE, with WA (default), BiC, iCaRL (NME) or no inference rule",
-                 INFERENCES, title="STD: lambda * KD + (1 - lambda) * CE (the standard knowledge-distillation baseline)",
+                 title="STD: lambda * KD + (1 - lambda) * CE (the standard knowledge-distillation baseline)",
                  any_backbone=True)
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
-    from sbcli.methods.common import learn_first_task
+    from sbcli.methods.first_task import learn_first_task
 
     if ctx.step == 0:
         if RULES.get(cfg.inference).needs_memory and ctx.memory_budget < ctx.num_total:
@@ -65,7 +54,7 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
 
 
 def _learn_bic(ctx: TaskContext, cfg: Config) -> TaskResult:
-    from sbcli.methods.bic import BiasTraining, learn_bic_step
+    from sbcli.methods.bic_training import BiasTraining, learn_bic_step
 
     return learn_bic_step(ctx, BiasTraining(val_fraction=cfg.bic_val_fraction))
 
@@ -81,10 +70,22 @@ def _learn_icarl(ctx: TaskContext, cfg: Config) -> TaskResult:
 def _learn_std(ctx: TaskContext, cfg: Config) -> TaskResult:
     """The STD loss; with ``wa`` the head bias stays zero and the new rows are aligned afterwards."""
     from sbcli.engine.loop import Phase
-    from sbcli.methods.common import kd_ce, run_with_wa
+    from sbcli.methods.losses import kd_ce
 
     phase = Phase("std", kd_ce(ctx.num_old, ctx.lam), ctx.epochs, teacher=ctx.teacher)
-    return run_with_wa(ctx, phase, cfg.inference == "wa", clip=cfg.wa_clip)
+    return run_aligned(ctx, phase, cfg)
+
+
+def run_aligned(ctx: TaskContext, phase: Phase, cfg: Config) -> TaskResult:
+    """Run ``phase`` on the task; under a rule that aligns, trained as it asks (:func:`wa.aligned_phase`,
+    ``--wa-clip``) and, unless the step aligns after balancing, ended by the align stage."""
+    aligns = RULES.get(cfg.inference).aligns
+    if aligns:
+        phase = wa.aligned_phase(ctx.model, phase, clip=cfg.wa_clip)
+    result = TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
+    if aligns and ctx.align:
+        result.stages.append(wa.align(ctx.model, ctx.num_old, ctx.evaluate))
+    return result
 
 
 STEPS = {"wa": _learn_std, "none": _learn_std, "bic": _learn_bic, "icarl": _learn_icarl}

@@ -18,7 +18,7 @@ from sbcli.learner.records import StepRecord
 from sbcli.learner.state import Learner
 from sbcli.methods import METHODS
 from sbcli.methods.inference import scoring_module
-from sbcli.methods.rules.modules import FeatureScores
+from sbcli.methods.rules.scoring_modules import FeatureScores
 from sbcli.metrics import StepMetrics, Summary, history_summary, step_metrics
 from sbcli.run import evalsets
 from sbcli.run.evalsets import TestDataReport

@@ -21,9 +21,10 @@ from sbcli.learner.state import Learner, LearnerState
 from sbcli.methods import METHODS, TaskContext, TaskResult
 from sbcli.methods.balance import balanced_finetune
 from sbcli.methods.base import balance_epochs
-from sbcli.methods.common import frozen_copy, weight_align
+from sbcli.methods.teachers import frozen_copy
 from sbcli.methods.inference import outside_network, refresh_state
-from sbcli.methods.rules import RULES
+from sbcli.methods.rules import RULES, wa
+from sbcli.methods.rules.stages import BalanceReport, record_json
 from sbcli.metrics import StepMetrics
 from sbcli.nets import create_model
 from sbcli.run.evaluation import evaluate_learner, feature_cache_for
@@ -85,7 +86,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
                                measure_network=outside_network(cfg.inference) and not method.frozen_backbone)
     seconds = time.perf_counter() - start
     state.history.append(StepRecord(step + 1, state.num_classes, metrics, network, [p.to_json() for p in result.phases],
-                                    result.record, round(seconds, 2),
+                                    record_json(result.record, result.stages), round(seconds, 2),
                                     dataclasses.asdict(state.train_config),  # this step's own settings
                                     known_images=known_images or None))
     return StepSummary(step + 1, state.num_classes, metrics, seconds)
@@ -96,28 +97,37 @@ def _settle(learner: Learner, engine: Engine, result: TaskResult, train: ImageSe
     """What follows the method's phases, in one place: the exemplar memory takes the new classes and the
     inference rule's state is rebuilt from it; with ``balance`` epochs (:func:`_balance_epochs`) and exemplars,
     class-balanced fine-tuning on the memory (:mod:`sbcli.methods.balance`; the accuracy before it is recorded
-    as ``before_balance``); with ``align_last`` (``--balance-before-wa``) WA after it (``before_wa``,
-    ``wa_factor``), the rule's state rebuilt once more after either; then the step's metrics under the rule
+    as a :class:`BalanceReport`); with ``align_last`` (``--balance-before-wa``) WA after it (an
+    :class:`AlignReport`), the rule's state rebuilt once more after either; the reports typed in
+    ``result.stages``, written into the step's record by :func:`record_json`; then the step's metrics under the rule
     and, with ``measure_network``, under the network's own logits (what iCaRL's nearest mean or BiC's
     correction start from; a frozen backbone's head is never trained: its accuracy would be chance)."""
     cfg, memory = learner.state.method_config, learner.memory
+    stages = RULES.get(cfg.inference).stages  # refresh, balance, align: those the rule declares, in this order
 
     def features(images: torch.Tensor) -> torch.Tensor:  # of the model as it is now: what memory and rule keep
         return engine.features(learner.model, images)
 
-    memory.update(train.images, train.labels, learner.state.num_classes, features)
-    learner.extra.update(refresh_state(cfg, learner.model, *memory.tensors(), features))
-    balanced = balance > 0 and len(memory) > 0
-    if balanced:
-        result.record["before_balance"] = evaluate_learner(learner, engine, test).to_json()
-        report = balanced_finetune(learner.model, memory.tensors(), engine, balance,
-                                   learner.state.train_config.balance_lr, hold_bias_at_zero=RULES.get(cfg.inference).aligns)
-        result.phases.append(report)
-    if align_last:  # the method left the aligning to after the fine-tuning
-        result.record["before_wa"] = evaluate_learner(learner, engine, test).to_json()
-        result.record["wa_factor"] = weight_align(learner.model, num_old)
-    if balanced or align_last:
+    def refresh() -> None:  # the refresh stage: the rule's state rebuilt from the memory
         learner.extra.update(refresh_state(cfg, learner.model, *memory.tensors(), features))
+
+    def accuracy() -> StepMetrics:
+        return evaluate_learner(learner, engine, test)
+
+    memory.update(train.images, train.labels, learner.state.num_classes, features)
+    if "refresh" in stages:
+        refresh()
+    balanced = "balance" in stages and balance > 0 and len(memory) > 0
+    if balanced:  # the balance stage
+        before = accuracy()
+        result.phases.append(balanced_finetune(learner.model, memory.tensors(), engine, balance,
+                                               learner.state.train_config.balance_lr,
+                                               hold_bias_at_zero="align" in stages))
+        result.stages.append(BalanceReport(before))
+    if align_last and "align" in stages:  # the align stage, left by the method to after the fine-tuning
+        result.stages.append(wa.align(learner.model, num_old, accuracy))
+    if (balanced or align_last) and "refresh" in stages:
+        refresh()
     metrics = evaluate_learner(learner, engine, test, cache=feature_cache_for(learner.state.method))
     return metrics, evaluate_learner(learner, engine, test, network=True) if measure_network else None
 

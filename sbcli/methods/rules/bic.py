@@ -4,9 +4,11 @@ import copy
 from typing import Any
 
 from sbcli.errors import LearnerError
-from sbcli.methods.rules.rule import InferenceRule, register_rule
+from sbcli.methods.rules.rule import InferenceRule, RuleOption, register_rule
 
-SCALE_KEY, SHIFT_KEY = "bic.scale", "bic.shift"  # [C] each: the last step's correction (sbcli.methods.bic)
+SCALE_KEY, SHIFT_KEY = "bic.scale", "bic.shift"  # [C] each: the last step's correction (sbcli.methods.bic_training)
+VAL_FRACTION = RuleOption("bic_val_fraction", 0.1, "With --inference bic: share of each class's exemplar quota held "
+                                                   "out to fit the bias layer.")
 
 
 def fold_correction(model: Any, extra: dict) -> Any:
@@ -40,4 +42,4 @@ RULE = register_rule(InferenceRule(
     "bic", "a bias layer", "BiC bias correction (folded into the exported graph)",
     balance_refusal=("--balance-epochs does not go with --inference bic (its bias layer already corrects the new "
                      "classes' bias); drop one of them."),
-    clamps_first_task=False, needs_memory=True, scoring=scoring))
+    clamps_first_task=False, needs_memory=True, scoring=scoring, options=(VAL_FRACTION,)))

@@ -85,7 +85,7 @@ def held_out_scores(h: Any, labels: Any, gram: Any, targets: Any, counts: Any, s
 
 
 def scoring(model: Any, extra: dict) -> Any:
-    from sbcli.methods.rules.modules import ridge_module
+    from sbcli.methods.rules.scoring_modules import ridge_module
 
     return ridge_module(model, extra, HEAD_KEY, PROJECTION_KEY, BIAS_KEY)
 

@@ -4,11 +4,11 @@ from typing import Any
 
 from sbcli.methods.rules.rule import InferenceRule, register_rule
 
-MEANS_KEY = "nme.class_means"  # [C, D]: iCaRL's class means, kept by the method (sbcli.methods.nme)
+MEANS_KEY = "nme.class_means"  # [C, D]: iCaRL's class means, kept by the method (sbcli.methods.rules.class_means)
 
 
 def scoring(model: Any, extra: dict) -> Any:
-    from sbcli.methods.rules.modules import nearest_mean_module
+    from sbcli.methods.rules.scoring_modules import nearest_mean_module
 
     return nearest_mean_module(model, extra, MEANS_KEY)
 

@@ -9,7 +9,7 @@ SCALE_KEY = "simplecil.scale"  # [1]: the softmax scale of the cosines; learners
 
 
 def scoring(model: Any, extra: dict) -> Any:
-    from sbcli.methods.rules.modules import prototype_module
+    from sbcli.methods.rules.scoring_modules import prototype_module
 
     return prototype_module(model, extra, PROTOTYPES_KEY, SCALE_KEY)
 

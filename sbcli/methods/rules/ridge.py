@@ -8,7 +8,7 @@ PROJECTION_KEY, HEAD_KEY = "ranpac.projection", "ranpac.head"  # [D, M] and [C, 
 
 
 def scoring(model: Any, extra: dict) -> Any:
-    from sbcli.methods.rules.modules import ridge_module
+    from sbcli.methods.rules.scoring_modules import ridge_module
 
     return ridge_module(model, extra, HEAD_KEY, PROJECTION_KEY)
 

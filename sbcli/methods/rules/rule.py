@@ -1,11 +1,13 @@
 """What an inference rule is: how a learner turns its network into scores over every class seen.
 
-Rules are a second axis beside methods (a method says which rules it takes, ``Config.RULES``). Each
-rule is one file of this package that registers one :class:`InferenceRule`: its help, the text a
-model card gives it, whether class-balanced fine-tuning may follow it, whether the first task's head
-rules are on by default under it, and how it scores (a builder of one scoring module, or the
-network's own logits). The files import torch only inside their builders, so that the command line
-reads the rules (``--inference`` and its help) without it.
+Rules are a second axis beside methods (a method says which rules it takes, ``Config.RULES``, and nowhere
+else). A rule several methods share is one file of this package; a method with a rule of its own may register
+it in the method's file (one new file and its import line in :mod:`sbcli.methods`). Each registers one
+:class:`InferenceRule`: its help, the text a model card gives it, whether class-balanced fine-tuning may
+follow it, whether the first task's head rules are on by default under it, how it scores (a builder of one
+scoring module, or the network's own logits) and the options it owns (:class:`RuleOption`). The files import
+torch only inside their builders, so that the command line reads the rules (``--inference`` and its help)
+without it.
 """
 
 from __future__ import annotations
@@ -14,10 +16,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from sbcli.methods.rules.stages import STAGES
 from sbcli.registry import Registry
 
 ScoringBuilder = Callable[[Any, dict], Any]  # (network, the learner's extra tensors) -> nn.Module: images -> scores
 StateRefresh = Callable[..., dict]  # (network, exemplar images, labels, feature fn, method Config) -> extra tensors
+
+
+@dataclass(frozen=True)
+class RuleOption:
+    """An option that belongs to one rule: a method that offers the rule declares it as a field of its Config
+    (``rule_option`` in :mod:`sbcli.methods.base`), under ``name``, so ``sb train`` offers ``--NAME`` and the
+    learner keeps it where it always has.
+
+    Attributes:
+        name: the Config field (``wa_clip``: ``--wa-clip``).
+        default: its value when not given.
+        help: one sentence for the option's help.
+        refusal: why a value other than the default is refused under another rule (None: it is not).
+    """
+
+    name: str
+    default: Any
+    help: str
+    refusal: str | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +58,7 @@ class InferenceRule:
         needs_memory: the rule is fitted on exemplars of every class (a memory below one per class is refused).
         scoring: the builder of its scoring module; None: the network's logits are the scores.
         refresh: its state rebuilt after every memory update (None: it keeps none that depends on the memory).
+        options: the options it owns (:class:`RuleOption`).
     """
 
     name: str
@@ -48,6 +71,15 @@ class InferenceRule:
     scoring: ScoringBuilder | None = None
     refresh: StateRefresh | None = None
     offered: bool = True  # named in --inference's help (False: a rule no method offers on its own, kept for its scoring)
+    options: tuple[RuleOption, ...] = ()
+
+    @property
+    def stages(self) -> tuple[str, ...]:
+        """The stages that end a step under this rule, in the order they run (:data:`stages.STAGES`): refresh
+        (its state rebuilt from the memory), balance (class-balanced fine-tuning, where it may follow), align
+        (the new classes' head rows aligned)."""
+        on = {"refresh": self.refresh is not None, "balance": self.balance_refusal is None, "align": self.aligns}
+        return tuple(stage for stage in STAGES if on[stage])
 
 
 RULES: Registry[InferenceRule] = Registry("inference rule")

@@ -26,8 +26,7 @@ from sbcli.data.device import DeviceData
 from sbcli.engine.loop import Phase
 from sbcli.errors import ConfigError
 from sbcli.methods.base import TaskContext, TaskResult
-from sbcli.methods.common import kd_ce
-from sbcli.methods.losses import ce_loss
+from sbcli.methods.losses import ce_loss, kd_ce
 from sbcli.methods.rules.bic import SCALE_KEY, SHIFT_KEY, fold_correction  # noqa: F401  (the rule folds it)
 from sbcli.metrics import top1
 

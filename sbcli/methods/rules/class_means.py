@@ -11,15 +11,17 @@ is the nearest mean and slicing the scores by class (intra-old, intra-new) stays
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
 from sbcli.errors import ConfigError
-from sbcli.methods.memory import FeatureFn
-from sbcli.methods.rules.nme import MEANS_KEY  # noqa: E402  (the rule scores with what is kept under it)
+from sbcli.methods.rules.nme import MEANS_KEY  # the rule scores with what is kept under it
 from sbcli.nets.resnet import IncrementalResNet
+
+FeatureFn = Callable[[torch.Tensor], torch.Tensor]  # uint8 images [N, 3, H, W] -> pooled features [N, D]
 
 
 def class_means(features: FeatureFn, images: torch.Tensor, labels: torch.Tensor, num_classes: int,
