@@ -92,3 +92,26 @@ def one_task_learner(color_data, tmp_path_factory: pytest.TempPathFactory) -> Pa
                               tasks=1)
     api.train(seq, run, out)
     return out
+
+
+def interrupted_sequence(color_data: dict[str, Path], tmp_path: Path) -> tuple[Path, Path]:
+    """A folder of four colour classes and a learner `sb train --tasks 2` stopped after its first step (method
+    finetune, width 0.125, 16 px): (data, learner)."""
+    import shutil
+
+    from sbcli import api
+    from sbcli.engine.loop import TrainConfig
+
+    data = tmp_path / "four"
+    shutil.copytree(color_data["task1_train"], data)
+    shutil.copytree(color_data["task2_train"], data, dirs_exist_ok=True)
+    out = tmp_path / "seq"
+    seq = api.SequenceOptions(source=str(data), image_size=16, tasks=2)
+    run = api.RunOptions(method="finetune", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
+
+    def interrupt(step: object) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        api.train(seq, run, out, on_step=interrupt)
+    return data, out

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import interrupted_sequence
 from typer.testing import CliRunner
 
 from sbcli.cli.app import app
@@ -134,21 +135,7 @@ def test_tasks_that_do_not_divide_and_missing_cuda(color_data, tmp_path):
 
 
 def test_existing_output_is_not_overwritten_and_resume_continues(color_data, tmp_path):
-    from sbcli import api
-    from sbcli.engine.loop import TrainConfig
-
-    data = tmp_path / "four"
-    shutil.copytree(color_data["task1_train"], data)
-    shutil.copytree(color_data["task2_train"], data, dirs_exist_ok=True)
-    out = tmp_path / "seq"
-    seq = api.SequenceOptions(source=str(data), image_size=16, tasks=2)
-    run = api.RunOptions(method="finetune", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
-
-    def interrupt(step):
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        api.train(seq, run, out, on_step=interrupt)
+    data, out = interrupted_sequence(color_data, tmp_path)
     assert len(json.loads((out / "learner.json").read_text())["history"]) == 1
     assert_error(invoke("train", data, "--tasks", "2", "--out", out, *SMALL), "--resume")
     res = invoke("train", data, "--tasks", "2", "--out", out, "--method", "finetune", "--resume", *SMALL)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import write_class_folder
+from conftest import interrupted_sequence, write_class_folder
 from learner_files import hashes
 from typer.testing import CliRunner
 
@@ -201,18 +201,7 @@ def test_an_lda_head_is_solved_again_from_the_sums_left(color_data, one_task_lea
 def test_a_sequence_sb_train_has_not_finished_is_refused_before_any_work(color_data, tmp_path):
     """`sb train --resume` goes on from the learner's step count in its planned class order: a forget in between
     would skip a planned task, so it is refused until the sequence is finished, the learner unchanged."""
-    data = tmp_path / "four"
-    shutil.copytree(color_data["task1_train"], data)
-    shutil.copytree(color_data["task2_train"], data, dirs_exist_ok=True)
-    out = tmp_path / "seq"
-    seq = api.SequenceOptions(source=str(data), image_size=16, tasks=2)
-    run = api.RunOptions(method="finetune", width=0.125, train=TrainConfig(epochs=1, batch_size=16), memory=8, device="cpu")
-
-    def interrupt(step):
-        raise KeyboardInterrupt
-
-    with pytest.raises(KeyboardInterrupt):
-        api.train(seq, run, out, on_step=interrupt)
+    _, out = interrupted_sequence(color_data, tmp_path)
     learned = Learner.load(out, "cpu").state.class_names
     before = hashes(out)
     result = CliRunner().invoke(app, ["forget", str(out), learned[0]])

