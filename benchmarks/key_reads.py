@@ -45,7 +45,7 @@ HOMES = (
     "sbcli/learner/state.py",
     "sbcli/learner/validate/",  # the checks of learner.json before it is parsed
     "sbcli/learner/store/",  # the store's own records and older formats
-    "sbcli/data/records.py",  # a task's data source
+    "sbcli/data/source_records.py",  # a task's data source
     "sbcli/data/device.py",  # the normalisation
     "sbcli/hub/pretrained.py",  # the pretrained backbone's record
     "sbcli/run/plan.py",  # a sequence's plan

@@ -108,7 +108,7 @@ def test_a_step_without_what_its_record_needs_is_refused_as_damaged_before_any_r
 
 
 def test_the_nested_records_read_typed_give_back_the_json_they_were_read_from():
-    from sbcli.data.records import SourceRecord
+    from sbcli.data.source_records import SourceRecord
     from sbcli.engine.loop import PhaseReport
     from sbcli.learner.records import PretrainedRecord, SequencePlan
 

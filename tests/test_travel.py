@@ -218,7 +218,7 @@ def test_the_card_snippet_classifies_an_image_file(trained: dict[str, Path], tmp
 
 
 def test_record_checks_refuse_paths_and_bad_fingerprints(trained: dict[str, Path]) -> None:
-    from sbcli.data.records import record_problem
+    from sbcli.data.source_records import record_problem
 
     record = json.loads((trained["learner"] / "learner.json").read_text())["tasks"][0]["source"]
     assert record_problem(record) is None

@@ -1,6 +1,6 @@
 """Where this machine last saw a data set, by its content hash; kept in the user's cache, never in a learner.
 
-A learner records its test sets by name and fingerprint only (``sbcli.data.records``). So that
+A learner records its test sets by name and fingerprint only (``sbcli.data.source_records``). So that
 ``sb evaluate`` on the machine that trained still finds the original test folders wherever the
 command runs from, training remembers ``sha256 -> absolute path`` here, one small JSON file per
 data set, under the decode cache (``$SBCLI_CACHE``, else ``~/.cache/sbcli/decoded``). A path

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sbcli import __version__
-from sbcli.data.records import display_name, public_record
+from sbcli.data.source_records import display_name, public_record
 from sbcli.learner.records import StepRecord
 from sbcli.learner.state import LearnerState
 from sbcli.methods import METHODS

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from sbcli.data.names import shown
-from sbcli.data.records import public_record
+from sbcli.data.source_records import public_record
 
 ONNX_FILE = "model.onnx"
 CARD_FILE = "README.md"

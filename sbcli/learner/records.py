@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sbcli.data.records import SourceRecord
+from sbcli.data.source_records import SourceRecord
 from sbcli.engine.loop import PhaseReport
 from sbcli.learner.test_sample import DEFAULT_CAP, CarriedSample
 from sbcli.metrics import StepMetrics
@@ -85,7 +85,7 @@ class StepRecord:
 @dataclass(frozen=True)
 class TaskRecord:
     """One task: the class names it brought and the data ``source`` they came from (a record of
-    :mod:`sbcli.data.records`, or a format-1 spec with paths; kept as its JSON object)."""
+    :mod:`sbcli.data.source_records`, or a format-1 spec with paths; kept as its JSON object)."""
 
     classes: list[str]
     source: dict[str, Any]

@@ -23,7 +23,7 @@ from sbcli.data import folder_classes, progress
 from sbcli.data.catalog import open_spec, relabel, resolve_spec
 from sbcli.data.fingerprint import Fingerprint, RunningFingerprint
 from sbcli.data.imageset import ImageSet
-from sbcli.data.records import check_dataset_name, remember_source
+from sbcli.data.source_records import check_dataset_name, remember_source
 from sbcli.data.stream import FolderStream
 from sbcli.engine import distributed
 from sbcli.engine.hardware import resolve_device

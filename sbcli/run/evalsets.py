@@ -1,7 +1,7 @@
 """Which test images evaluate a learner: each task's original test set when it is here and
 unchanged, else the test sample the learner carries; and saying which was used.
 
-For every task the learner recorded (``sbcli.data.records``), candidate places are tried in order:
+For every task the learner recorded (``sbcli.data.source_records``), candidate places are tried in order:
 each ``--data-root`` (the recorded folder name inside it, or the root itself), then where this
 machine last saw a set with the recorded fingerprint (``sbcli.data.whereabouts``), then a
 format-1 learner's own path, then a benchmark's default place. A candidate is used when its
@@ -18,7 +18,7 @@ from pathlib import Path
 from sbcli.data.catalog import open_spec, relabel
 from sbcli.data.fingerprint import fingerprint
 from sbcli.data.imageset import ImageSet
-from sbcli.data.records import SourceRecord, test_fingerprint, test_name
+from sbcli.data.source_records import SourceRecord, test_fingerprint, test_name
 from sbcli.data.whereabouts import recall
 from sbcli.errors import DataError
 from sbcli.learner.records import TaskRecord, TestSampleSettings

@@ -29,7 +29,7 @@ from sbcli.data.catalog import (
 )
 from sbcli.data.device import IMAGENET_MEAN, IMAGENET_STD, Normalization
 from sbcli.data.imageset import ImageSet
-from sbcli.data.records import check_dataset_name, remember_source, same_source
+from sbcli.data.source_records import check_dataset_name, remember_source, same_source
 from sbcli.data.scenario import Scenario, make_scenario, task_sizes
 from sbcli.data.shaping import only_classes, resize_opened, with_image_size
 from sbcli.engine import distributed

@@ -67,8 +67,8 @@ def check_format_version(data: object, where: Path | str) -> int:
 
 
 def _source(v: Any) -> str | None:
-    """A data source record (names and fingerprints: sbcli.data.records), or a format-1 spec with paths."""
-    from sbcli.data.records import is_record, record_problem
+    """A data source record (names and fingerprints: sbcli.data.source_records), or a format-1 spec with paths."""
+    from sbcli.data.source_records import is_record, record_problem
 
     if is_record(v):
         if "kind" not in v:
