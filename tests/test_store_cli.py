@@ -146,3 +146,24 @@ def test_two_concurrent_add_tasks_one_is_refused_and_no_step_is_lost(grown, tmp_
     assert codes == [0, 1], outs
     assert any("being written by sb add-task" in " ".join(err.split()) for _, err in outs), outs
     assert steps == 3
+
+
+def test_train_reads_a_learner_an_old_save_left_beside_out_where_it_lies_before_the_lock(color_data, tmp_path,
+                                                                                       monkeypatch):
+    """What an interrupted 0.1 save left beside --out is put back by the writer's lock alone: the checks before
+    it read that learner where it lies, refuse a new run over it, and move nothing."""
+    from sbcli.learner.store import legacy
+
+    calls, real = [], legacy.recover
+    monkeypatch.setattr(legacy, "recover", lambda *a, **k: calls.append(k) or real(*a, **k))
+    shutil.copytree(ZOO_V1, tmp_path / ".l.old-4242")
+    shutil.copytree(ZOO_V1, tmp_path / ".l.tmp-abcd1234")
+    before = tree(tmp_path)
+    refused(invoke("train", color_data["task1_train"], "--out", tmp_path / "l", *SMALL),
+            "interrupted save left one beside it", "--resume")
+    assert tree(tmp_path) == before and not (tmp_path / "l").exists()
+    refused(invoke("train", color_data["task1_train"], "--out", tmp_path / "l", "--resume", *SMALL),
+            "another source")  # its sequence, read where it lay, is the demo's: refused under the lock
+    assert (tmp_path / "l" / "learner.json").is_file()  # which put it back, once
+    assert calls == [{"writer": True}]  # the lock's alone: nothing before it, nor the load under it, looks again
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l"]

@@ -239,15 +239,19 @@ class Learner:
         return cls(state, model.to(device), memory, extra, sample)
 
 
-def open_stored(path: Path) -> Stored:
-    """``learner.json`` of ``path``, read once; a learner left beside it by an interrupted 0.1 save is moved back first."""
-    legacy.recover(path)
+def open_stored(path: Path, *, recover: bool = True) -> Stored:
+    """``learner.json`` of ``path``, read once; a learner left beside it by an interrupted 0.1 save is moved back
+    first, unless ``recover`` is False (a writer's lock has done it, or a check before the lock reads it where
+    it lies)."""
+    if recover:
+        legacy.recover(path)
     return read_stored(path)
 
 
-def read_state(path: Path, step: int | None = None) -> LearnerState:
-    """Check a learner directory and parse its state (at kept step ``step``, default the current one)."""
-    stored = open_stored(Path(path))
+def read_state(path: Path, step: int | None = None, *, recover: bool = True) -> LearnerState:
+    """Check a learner directory and parse its state (at kept step ``step``, default the current one;
+    ``recover``: as :func:`open_stored`)."""
+    stored = open_stored(Path(path), recover=recover)
     data, where = stored.checked_state(step)
     missing = [rel for rel in stored.step_files(step).values() if not (stored.root / rel).is_file()]
     if missing:

@@ -166,11 +166,17 @@ def _check_folder_source(seq: SequenceOptions) -> None:
 
 
 def check_out(out: Path, resume: bool) -> None:
-    legacy.recover(out)
+    """``--out`` before the writer's lock, which alone puts back what an interrupted 0.1 save left beside it:
+    that learner is read where it lies, and counts as the one ``out`` holds."""
+    left = legacy.recoverable(out)
     check_output_dir(out, option="--out", resume=resume)
-    if resume and not (out / "learner.json").is_file():
+    if left is not None and not resume:
+        raise LearnerError(f"{out} holds no learner, but an interrupted save left one beside it ({left.name}) that "
+                           "sbcli puts back; pass --resume to continue it, or choose another --out.")
+    here = out if (out / "learner.json").is_file() else left
+    if resume and here is None:
         raise LearnerError(f"--resume was given but {out} holds no learner; drop --resume to start a new one.")
-    if resume and read_state(out).plan is None:  # pulled as a backbone (or older): grown by add-task, task by task
+    if resume and read_state(here, recover=False).plan is None:  # pulled as a backbone (or older): grown by add-task, task by task
         raise LearnerError(f"The learner at {out} records no task sequence to resume (it began with no classes, or an "
                            f"older sbcli saved it); grow it with `sb add-task {out} FOLDER`.")
 
@@ -269,7 +275,7 @@ def _weights_image_size(seq: SequenceOptions, weights: Any, timm_in: Any, resume
     timm's configuration, 224 for other ImageNet weights; resuming a learner that adopted it, its own) when
     ``--image-size`` is not given; a given one is kept, and said in one line of the log when it is another."""
     if resumed is not None and (resumed / "learner.json").is_file():  # the resolution it began at, asked or adopted
-        state = read_state(resumed)
+        state = read_state(resumed, recover=not distributed.is_main_process())  # the writer's lock recovered it
         adopted = seq.image_size is None and (
             timm_in is not None or (state.provenance.backbone or PretrainedRecord(RANDOM)).input_size is not None)
         return dataclasses.replace(seq, image_size=state.image_size) if adopted else seq

@@ -98,6 +98,15 @@ def _complete(folder: Path) -> bool:
     return all((folder / name).is_file() for name in V1_NAMES)
 
 
+def recoverable(target: Path) -> Path | None:
+    """The folder :func:`recover` would move back to ``target`` (where ``target`` holds nothing: the newest
+    complete one an interrupted 0.1 save left beside it), found without moving anything: what a check made
+    before the writer's lock reads."""
+    if holds_learner(target) or not _vacant(target):
+        return None
+    return next((c for c in leftovers(target) if _complete(c)), None)
+
+
 def recover(target: Path, *, writer: bool = False) -> Path | None:
     """When ``target`` holds no learner but an interrupted 0.1 save left one beside it, move the newest
     complete one back; a ``writer`` also removes the other leftovers, once ``target`` holds a learner
