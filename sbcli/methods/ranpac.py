@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, ClassVar
 
 from sbcli.errors import ConfigError, LearnerError
 from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
-from sbcli.methods.rules import lda
+from sbcli.methods.rules import lda, score_map
 from sbcli.methods.rules.ridge import HEAD_KEY, PROJECTION_KEY
 from sbcli.methods.simplecil import ADAPT_HELP, adapt, adapt_epochs, bank_rows, fit_temperature
 
@@ -358,8 +358,6 @@ def fit_step(state: RidgeState, features: torch.Tensor, labels: torch.Tensor, cl
         weights = solve_ridge(gram, targets, chosen)
         held_out = ridge_held_out_scores(bank_h, one_hot(bank_labels, classes), gram, targets, chosen)
     temperature = fit_temperature(held_out, bank_labels, TEMPERATURES) if len(bank_labels) else 1.0
-    from sbcli.methods.rules import score_map
-
     knots, coefficients = score_map.fit(held_out / temperature, bank_labels)
     out = RidgeState(state.projection, gram, targets, counts, bank, bank_labels)
     record = {("shrinkage" if head == "lda" else "ridge"): chosen, "temperature": temperature,
@@ -420,8 +418,6 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     extra = {**state.tensors(), HEAD_KEY: head}
     if "bias" in chosen:
         extra[lda.BIAS_KEY] = chosen.pop("bias")
-    from sbcli.methods.rules import score_map
-
     for key in (score_map.KNOTS_KEY, score_map.COEFFICIENTS_KEY):  # every step writes its map (the identity too)
         extra[key] = chosen.pop(key).contiguous()
     record = {**chosen, "images": int(new.sum()), "projection": cfg.projection,

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 
 from sbcli.errors import DataError
 from sbcli.methods import ranpac
-from sbcli.methods.rules import lda
-from sbcli.methods.rules import score_map
+from sbcli.methods.rules import lda, score_map
 from sbcli.methods.rules.ridge import HEAD_KEY
 
 if TYPE_CHECKING:

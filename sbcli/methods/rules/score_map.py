@@ -21,7 +21,10 @@ the temperature left), so below :data:`MIN_BANK` images it is the identity: the 
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # torch only inside the functions: the method and rule modules that name these keys stay light
+    import torch
 
 KNOTS_KEY, COEFFICIENTS_KEY = "ranpac.score_knots", "ranpac.score_coefficients"  # [K] and [K + 1], float32
 KNOTS = 6  # knots of the map, at evenly spaced quantiles of the bank's scores between QUANTILES
@@ -35,11 +38,15 @@ MAX_LOG_SLOPE = 2.0  # a segment's slope stays within e^-2 .. e^2: unbounded, th
 
 def identity() -> tuple[torch.Tensor, torch.Tensor]:
     """The map that leaves every score as it is: no knot, slope 1."""
+    import torch
+
     return torch.zeros(0), torch.ones(1)
 
 
 def _hinges(scores: torch.Tensor, knots: torch.Tensor) -> torch.Tensor:
     """[..., K + 1]: each score, then its excess over every knot."""
+    import torch
+
     return torch.cat([scores[..., None], torch.relu(scores[..., None] - knots)], dim=-1)
 
 
@@ -54,6 +61,8 @@ def fit(scores: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch
     """Knots [K] and coefficients [K + 1] (float32) of the map with the lowest negative log-likelihood of
     ``softmax(f(scores))`` on ``labels``; the identity for a bank under :data:`MIN_BANK` images, or where the fit
     does not end finite and below the identity's likelihood."""
+    import torch
+
     if len(labels) < MIN_BANK:
         return identity()
     s = scores.detach().double()
