@@ -168,6 +168,22 @@ def test_balancing_before_weight_aligning_leaves_the_aligned_head_last(tmp_path:
     # aligning last leaves the new rows' mean norm equal to the old rows'; balancing last moves it again
     assert (old == pytest.approx(new, rel=1e-5)) is before_wa
     assert step2["record"]["wa_factor"] > 0 and "before_wa" in step2["record"]
+    in_order = ["before_balance", "before_wa", "wa_factor"] if before_wa else ["before_wa", "wa_factor", "before_balance"]
+    assert list(step2["record"]) == in_order  # the stage reports, in the order the step's tail ran them
+
+
+def test_a_split_and_bridge_step_ends_with_the_align_stage_its_record_keeping_after_c_as_the_accuracy_before(
+        tmp_path: Path, four_colors):
+    from sbcli.learner.state import Learner
+
+    cfg = TrainConfig(epochs=1, batch_size=16)
+    run = api.RunOptions(method="sb", width=0.125, train=cfg, memory=16, device="cpu")
+    out = tmp_path / "l"
+    api.train(api.SequenceOptions(source=str(four_colors["train"]), test=str(four_colors["test"]), tasks=2), run, out)
+    record = json.loads((out / "learner.json").read_text())["history"][-1]["record"]
+    assert list(record)[-2:] == ["after_C", "wa_factor"] and "before_wa" not in record
+    norms = Learner.load(out).model.head.weight.detach().norm(dim=1)
+    assert float(norms[2:].mean()) == pytest.approx(float(norms[:2].mean()), rel=1e-5)  # aligned last
 
 
 @pytest.mark.parametrize("extra", [["--balance-epochs", "0"], ["--inference", "icarl"], ["--method", "sb", "--inference", "none"]])

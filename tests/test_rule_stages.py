@@ -25,8 +25,8 @@ def test_stage_reports_write_the_keys_learner_json_always_had_in_the_order_they_
 def test_a_rule_declares_the_stages_a_step_ends_with_in_order():
     from sbcli.methods.rules import RULES
 
-    assert RULES.get("wa").stages == ("balance", "align")
+    assert RULES.get("wa").stages == ("align", "balance")
     assert RULES.get("icarl").stages == ("refresh", "balance")
     assert RULES.get("bic").stages == ()  # its bias layer corrects what balancing would; nothing kept from the memory
-    assert all(list(RULES.get(n).stages) == sorted(RULES.get(n).stages, key=("refresh", "balance", "align").index)
+    assert all(list(RULES.get(n).stages) == sorted(RULES.get(n).stages, key=("refresh", "align", "balance").index)
                for n in RULES.names())

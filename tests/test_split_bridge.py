@@ -149,9 +149,8 @@ def test_a_split_step_runs_a_b_c_with_the_right_teachers_and_records():
     assert record["partition"]["is_split"] and record["partition"]["bf"] == pytest.approx(0.6)
     assert record["cross_norm_before_disconnect"] > 0
     assert set(record["after_B"]) >= {"overall", "old", "new", "intra_old", "intra_new"}
-    assert "overall" in record["after_C"] and record["wa_factor"] > 0
-    norms = ctx.model.head.weight.detach().norm(dim=1)  # weight aligning after C
-    assert float(norms[NUM_OLD:].mean()) == pytest.approx(float(norms[:NUM_OLD].mean()), rel=1e-5)
+    assert "overall" in record["after_C"] and "wa_factor" not in record  # the step's tail aligns, after C
+    assert result.stages == [] and not result.accuracy_before_align  # after_C is the accuracy before aligning
 
 
 def test_at_the_first_step_of_the_bridge_the_model_is_the_split_model():
@@ -191,8 +190,7 @@ def test_a_step_with_bf_1_is_not_split_and_learns_against_model_t_minus_1():
     assert engine.seen[0]["teacher"] is ctx.teacher
     assert not result.record["partition"]["is_split"] and result.record["partition"]["bf"] == 1.0
     assert "after_B" not in result.record and "cross_norm_before_disconnect" not in result.record
-    assert "after_C" in result.record and [type(s).__name__ for s in result.stages] == ["AlignReport"]
-    assert "wa_factor" in record_json(result.record, result.stages)
+    assert "after_C" in result.record and result.stages == []
 
 
 def test_phase_epochs_default_to_the_run_epochs():

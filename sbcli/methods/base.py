@@ -41,8 +41,7 @@ class TaskContext:
     the learner kept from the previous step (e.g. BiC's correction); ``memory_budget`` the total
     exemplar budget; ``seen_data`` returns the training images of every class seen so far, on the
     device, when the sequence has them (``api.train``), and is None when it does not (``add-task``).
-    ``align`` is False when class-balanced fine-tuning comes between the step and weight aligning
-    (``--balance-before-wa``): the method keeps the head bias at zero and leaves the aligning to the loop.
+    A method only trains: what ends the step under its rule (refresh, align, balance) the step's tail runs.
     """
 
     step: int
@@ -58,7 +57,6 @@ class TaskContext:
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
     memory_budget: int = 0
     seen_data: Callable[[], DeviceData] | None = None
-    align: bool = True  # weight aligning (under --inference wa) ends the step; False: the task loop aligns later
     seed: int = 0  # the learner's --seed (what a method draws once, e.g. RanPAC's projection, depends on it alone)
     features: torch.Tensor | None = None  # pooled features [N, D] of ``data``'s rows, computed while streaming them
 
@@ -70,12 +68,18 @@ class TaskContext:
 
 @dataclass
 class TaskResult:
-    """The phases a method ran and anything it wants kept in the learner's history."""
+    """The phases a method ran and anything it wants kept in the learner's history.
+
+    ``stages`` is filled by the step's tail (the reports of the rule's end-of-step stages, in the order they
+    ran); ``accuracy_before_align`` False tells it that the method's ``record`` already holds the accuracy
+    the align stage would measure before aligning (Split-and-Bridge's ``after_C``), so it measures none.
+    """
 
     phases: list[PhaseReport] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
-    stages: list[StageReport] = field(default_factory=list)  # the end-of-step stages' reports, in the order they ran
+    stages: list[StageReport] = field(default_factory=list)
     extra_state: dict[str, torch.Tensor] = field(default_factory=dict)
+    accuracy_before_align: bool = True
 
 
 Plan = Callable[[Any, int, int, int], int]  # (cfg, --epochs, C_old, C_total) -> epochs of a later step's own phases

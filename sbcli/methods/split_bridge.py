@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from sbcli.errors import ConfigError
 from sbcli.methods.base import MethodConfig, TaskContext, TaskResult, inference_option, option, register_method
-from sbcli.methods.rules import RULES
 
 if TYPE_CHECKING:
     import torch
@@ -137,21 +136,18 @@ def _epochs(value: int | None, default: int) -> int:
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     from sbcli.engine.loop import Phase
     from sbcli.methods.first_task import learn_first_task
-    from sbcli.methods.rules import wa
     from sbcli.nets.partition import make_partition
 
     if ctx.step == 0:
         return learn_first_task(ctx, cfg.first_task_rules)
     partition = make_partition(ctx.model, cfg.rho, ctx.num_old)
-    result = TaskResult(record={"partition": partition.to_json()})
+    result = TaskResult(record={"partition": partition.to_json()}, accuracy_before_align=False)
     if partition.is_split:
         _split_phases(ctx, cfg, partition, result)
     else:
         phase = Phase("C", bridge_loss(ctx.num_old, ctx.lam), _epochs(cfg.epochs_c, ctx.epochs), teacher=ctx.teacher)
         result.phases.append(ctx.engine.run(ctx.model, ctx.data, phase))
-    result.record["after_C"] = ctx.evaluate().to_json()
-    if RULES.get(cfg.inference).aligns and ctx.align:  # the align stage, its accuracy before being after_C
-        result.stages.append(wa.align(ctx.model, ctx.num_old))
+    result.record["after_C"] = ctx.evaluate().to_json()  # the accuracy before the align stage, which the tail runs
     return result
 
 

@@ -78,14 +78,10 @@ def _learn_std(ctx: TaskContext, cfg: Config) -> TaskResult:
 
 def run_aligned(ctx: TaskContext, phase: Phase, cfg: Config) -> TaskResult:
     """Run ``phase`` on the task; under a rule that aligns, trained as it asks (:func:`wa.aligned_phase`,
-    ``--wa-clip``) and, unless the step aligns after balancing, ended by the align stage."""
-    aligns = RULES.get(cfg.inference).aligns
-    if aligns:
+    ``--wa-clip``); the align stage itself ends the step in the step's tail."""
+    if RULES.get(cfg.inference).aligns:
         phase = wa.aligned_phase(ctx.model, phase, clip=cfg.wa_clip)
-    result = TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
-    if aligns and ctx.align:
-        result.stages.append(wa.align(ctx.model, ctx.num_old, ctx.evaluate))
-    return result
+    return TaskResult(phases=[ctx.engine.run(ctx.model, ctx.data, phase)])
 
 
 STEPS = {"wa": _learn_std, "none": _learn_std, "bic": _learn_bic, "icarl": _learn_icarl}

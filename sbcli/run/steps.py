@@ -23,7 +23,7 @@ from sbcli.methods.balance import balanced_finetune
 from sbcli.methods.base import balance_epochs
 from sbcli.methods.teachers import frozen_copy
 from sbcli.methods.inference import outside_network, refresh_state
-from sbcli.methods.rules import RULES, wa
+from sbcli.methods.rules import RULES
 from sbcli.methods.rules.stages import BalanceReport, record_json
 from sbcli.metrics import StepMetrics
 from sbcli.nets import create_model
@@ -79,7 +79,7 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
                       evaluate=lambda: evaluate_learner(learner, engine, test),
                       make_aux_model=lambda n: create_model(state.arch, n, state.width).to(engine.device),
                       extra=dict(learner.extra), memory_budget=learner.memory.budget,
-                      align=not align_last, seed=state.seed, features=features)
+                      seed=state.seed, features=features)
     result = method.learn_task(ctx, cfg)
     learner.extra.update(result.extra_state)
     metrics, network = _settle(learner, after_phases, result, train, test, balance, align_last, num_old,
@@ -94,16 +94,20 @@ def learn_step(learner: Learner, train: ImageSet, test: ImageSet, new_classes: l
 
 def _settle(learner: Learner, engine: Engine, result: TaskResult, train: ImageSet, test: ImageSet, balance: int,
             align_last: bool, num_old: int, measure_network: bool) -> tuple[StepMetrics, StepMetrics | None]:
-    """What follows the method's phases, in one place: the exemplar memory takes the new classes and the
-    inference rule's state is rebuilt from it; with ``balance`` epochs (:func:`_balance_epochs`) and exemplars,
-    class-balanced fine-tuning on the memory (:mod:`sbcli.methods.balance`; the accuracy before it is recorded
-    as a :class:`BalanceReport`); with ``align_last`` (``--balance-before-wa``) WA after it (an
-    :class:`AlignReport`), the rule's state rebuilt once more after either; the reports typed in
-    ``result.stages``, written into the step's record by :func:`record_json`; then the step's metrics under the rule
-    and, with ``measure_network``, under the network's own logits (what iCaRL's nearest mean or BiC's
-    correction start from; a frozen backbone's head is never trained: its accuracy would be chance)."""
+    """What follows the method's phases, in one place: the exemplar memory takes the new classes, then the
+    stages the inference rule declares (:attr:`InferenceRule.stages`), in order: refresh (the rule's state
+    rebuilt from the memory); align (the rule's :attr:`InferenceRule.align`, after the step's first task;
+    an :class:`AlignReport`, with the accuracy just before it unless the method's record holds it); with
+    ``balance`` epochs (:func:`_balance_epochs`) and exemplars, balance (class-balanced fine-tuning on the
+    memory, :mod:`sbcli.methods.balance`; the accuracy before it in a :class:`BalanceReport`). With
+    ``align_last`` (``--balance-before-wa``) balance comes before align. The rule's state is rebuilt once more
+    after either changed the network. The reports go, typed, into ``result.stages`` (written into the step's
+    record by :func:`record_json`); then the step's metrics under the rule and, with ``measure_network``,
+    under the network's own logits (what iCaRL's nearest mean or BiC's correction start from; a frozen
+    backbone's head is never trained: its accuracy would be chance)."""
     cfg, memory = learner.state.method_config, learner.memory
-    stages = RULES.get(cfg.inference).stages  # refresh, balance, align: those the rule declares, in this order
+    rule = RULES.get(cfg.inference)
+    stages = rule.stages
 
     def features(images: torch.Tensor) -> torch.Tensor:  # of the model as it is now: what memory and rule keep
         return engine.features(learner.model, images)
@@ -114,9 +118,16 @@ def _settle(learner: Learner, engine: Engine, result: TaskResult, train: ImageSe
     def accuracy() -> StepMetrics:
         return evaluate_learner(learner, engine, test)
 
+    def align() -> None:  # the align stage (WA leaves the features, and so the memory's choice, as they were)
+        before = accuracy() if result.accuracy_before_align else None
+        result.stages.append(rule.align(learner.model, num_old, before))
+
     memory.update(train.images, train.labels, learner.state.num_classes, features)
     if "refresh" in stages:
         refresh()
+    aligns = "align" in stages and num_old > 0  # the first task has no old rows to align to
+    if aligns and not align_last:
+        align()
     balanced = "balance" in stages and balance > 0 and len(memory) > 0
     if balanced:  # the balance stage
         before = accuracy()
@@ -124,9 +135,9 @@ def _settle(learner: Learner, engine: Engine, result: TaskResult, train: ImageSe
                                                learner.state.train_config.balance_lr,
                                                hold_bias_at_zero="align" in stages))
         result.stages.append(BalanceReport(before))
-    if align_last and "align" in stages:  # the align stage, left by the method to after the fine-tuning
-        result.stages.append(wa.align(learner.model, num_old, accuracy))
-    if (balanced or align_last) and "refresh" in stages:
+    if aligns and align_last:
+        align()
+    if (balanced or aligns) and "refresh" in stages:
         refresh()
     metrics = evaluate_learner(learner, engine, test, cache=feature_cache_for(learner.state.method))
     return metrics, evaluate_learner(learner, engine, test, network=True) if measure_network else None

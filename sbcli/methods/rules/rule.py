@@ -21,6 +21,7 @@ from sbcli.registry import Registry
 
 ScoringBuilder = Callable[[Any, dict], Any]  # (network, the learner's extra tensors) -> nn.Module: images -> scores
 StateRefresh = Callable[..., dict]  # (network, exemplar images, labels, feature fn, method Config) -> extra tensors
+Aligner = Callable[..., Any]  # (network, C_old, the step's accuracy before or None) -> AlignReport
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ class InferenceRule:
         name: what ``--inference`` takes.
         summary: a few words for the option's help ("weight aligning").
         card: what a model card says the exported model computes.
-        aligns: a step under this rule ends by weight aligning the head (``--wa-clip`` and
-            ``--balance-before-wa`` go with it alone).
+        align: the align stage a step under this rule ends with, run by the step's tail after the method's
+            phases (None: it has none; ``--wa-clip`` and ``--balance-before-wa`` go with one alone).
         balance_refusal: why class-balanced fine-tuning may not follow a step under this rule (None: it may).
         clamps_first_task: under own-data defaults, step 1's head rules are on (False where the rule's
             reference code never clamps the head: iCaRL, BiC).
@@ -64,7 +65,6 @@ class InferenceRule:
     name: str
     summary: str
     card: str
-    aligns: bool = False
     balance_refusal: str | None = None
     clamps_first_task: bool = True
     needs_memory: bool = False
@@ -72,12 +72,18 @@ class InferenceRule:
     refresh: StateRefresh | None = None
     offered: bool = True  # named in --inference's help (False: a rule no method offers on its own, kept for its scoring)
     options: tuple[RuleOption, ...] = ()
+    align: Aligner | None = None
+
+    @property
+    def aligns(self) -> bool:
+        """A step under this rule ends by aligning the head (:attr:`align`)."""
+        return self.align is not None
 
     @property
     def stages(self) -> tuple[str, ...]:
         """The stages that end a step under this rule, in the order they run (:data:`stages.STAGES`): refresh
-        (its state rebuilt from the memory), balance (class-balanced fine-tuning, where it may follow), align
-        (the new classes' head rows aligned)."""
+        (its state rebuilt from the memory), align (the new classes' head rows aligned), balance (class-balanced
+        fine-tuning, where it may follow; ``--balance-before-wa`` runs it before the align stage)."""
         on = {"refresh": self.refresh is not None, "balance": self.balance_refusal is None, "align": self.aligns}
         return tuple(stage for stage in STAGES if on[stage])
 

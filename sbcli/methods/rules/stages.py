@@ -1,4 +1,4 @@
-"""What ends a step under an inference rule, stage by stage (refresh, balance, align), and the typed report
+"""What ends a step under an inference rule, stage by stage (refresh, align, balance), and the typed report
 each stage leaves in the step's record.
 
 A report's ``to_json`` writes exactly the keys ``learner.json`` has always kept for it (``before_balance``;
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sbcli.metrics import StepMetrics
 
-STAGES = ("refresh", "balance", "align")  # the order a step ends in (``--balance-before-wa`` aside: see steps)
+STAGES = ("refresh", "align", "balance")  # the order a step ends in (``--balance-before-wa``: balance, then align)
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,11 @@
 """``wa``: weight aligning (Zhao et al., CVPR 2020): the new classes' head rows rescaled to the old ones' norm
-at the end of every step, so the scores are the network's own logits. The align stage lives here: the
-training hooks a weight-aligned phase runs with (:func:`aligned_phase`) and the aligning (:func:`align`)."""
+at the end of every step, so the scores are the network's own logits. The rule's align stage lives here: the
+training hooks a weight-aligned phase runs with (:func:`aligned_phase`, asked for by the method that trains it)
+and the aligning (:func:`align`, run by the step's tail after the method's phases)."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from sbcli.methods.rules.rule import InferenceRule, RuleOption, register_rule
@@ -19,10 +19,6 @@ CLIP = RuleOption("wa_clip", False, "With --inference wa: clip negative head wei
                   "of the old classes at step 2 instead of 25 % and raised the average over steps 1..4 from 43.2 "
                   "to 48.7 (two seeds).",
                   refusal="--wa-clip clips the head during weight-aligned training; it goes with --inference wa.")
-
-RULE = register_rule(InferenceRule("wa", "weight aligning", "weight aligning (folded into the head weights)",
-                                   aligns=True, options=(CLIP,)))
-
 
 def weight_align(model: Any, num_old: int) -> float:
     """WA: scale the new classes' head rows by mean(||old rows||) / mean(||new rows||).
@@ -38,9 +34,9 @@ def weight_align(model: Any, num_old: int) -> float:
     return factor
 
 
-def align(model: Any, num_old: int, evaluate: Callable[[], StepMetrics] | None = None) -> AlignReport:
-    """The align stage: the accuracy before (when ``evaluate`` is given), then the new rows aligned."""
-    before = None if evaluate is None else evaluate()
+def align(model: Any, num_old: int, before: StepMetrics | None = None) -> AlignReport:
+    """The align stage: the new rows aligned; its report keeps ``before``, the step's accuracy measured just
+    before it (None where the method's record has it, as Split-and-Bridge's ``after_C``)."""
     return AlignReport(weight_align(model, num_old), before)
 
 
@@ -53,3 +49,7 @@ def aligned_phase(model: Any, phase: Any, clip: bool = False) -> Any:
     zero_head_bias(model)
     hooks = (zero_head_bias, clip_head_weights) if clip else (zero_head_bias,)
     return dataclasses.replace(phase, after_step=(*phase.after_step, *hooks))
+
+
+RULE = register_rule(InferenceRule("wa", "weight aligning", "weight aligning (folded into the head weights)",
+                                   align=align, options=(CLIP,)))
