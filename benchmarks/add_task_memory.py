@@ -1,14 +1,16 @@
-"""Peak memory of `sb add-task` against the number of new images, for a frozen backbone (RanPAC).
+"""Peak memory of `sb add-task` against the number of new images, for a frozen backbone (RanPAC or SimpleCIL).
 
 Writes synthetic class-per-folder JPEG images at ``--image-size`` (a smooth colour field per image, a
 hue per class), trains a small backbone learner (``--arch``, default the ImageNet-style ResNet-18, at
-``--width``, one epoch on images of its own), starts a RanPAC learner on it with a first task of 2 classes, then times one
+``--width``, one epoch on images of its own), starts a RanPAC learner on it (``--method simplecil``: a SimpleCIL
+one) with a first task of 2 classes, then times one
 ``sb add-task COPY FOLDER`` per size in ``--images`` (10 new classes) on a fresh copy of that learner,
 and prints one JSON line per size: the peak resident memory of the add-task process (``ru_maxrss`` of
 a child waited for alone), its wall time and its images per second; then the ratio of the largest
 peak to the smallest.
 
     python benchmarks/add_task_memory.py --out /tmp/mem --images 2000,8000,32000
+    python benchmarks/add_task_memory.py --out /tmp/mem --images 2000,8000,32000 --method simplecil
 
 Run it with the sbcli to measure on the import path (``PYTHONPATH=...``).
 """
@@ -72,21 +74,25 @@ def main() -> None:
     ap.add_argument("--image-size", type=int, default=224)
     ap.add_argument("--arch", default="resnet18-in", help="the backbone's architecture (resnet18-in: ImageNet-style stem)")
     ap.add_argument("--width", type=float, default=0.25)
-    ap.add_argument("--projection", type=int, default=2000)
+    ap.add_argument("--method", choices=("ranpac", "simplecil"), default="ranpac")
+    ap.add_argument("--projection", type=int, default=2000, help="RanPAC's --projection")
     ap.add_argument("--threads", type=int, default=0, help="--threads of the learner (0: as sbcli chooses)")
     args = ap.parse_args()
     size, out = args.image_size, args.out
     common = ["--device", "cpu", "-q"]
-    if not (out / "base").is_dir():
+    base = out / ("base" if args.method == "ranpac" else f"base-{args.method}")
+    if not (out / "backbone").is_dir():
         write_images(out / "backbone-data", 4, 20, size, 1, prefix="b")
         write_images(out / "first" / "train", 2, 20, size, 2, prefix="f")
         write_images(out / "first" / "test", 2, 10, size, 3, prefix="f")
         sb("train", str(out / "backbone-data"), "--method", "std", "--arch", args.arch, "--width", str(args.width),
            "--epochs", "1", "--image-size", str(size), "--no-test-sample", "-o", str(out / "backbone"), *common)
+    if not base.is_dir():
         extra = ["--threads", str(args.threads)] if args.threads else []
-        sb("train", str(out / "first" / "train"), "--test", str(out / "first" / "test"), "--method", "ranpac",
-           "--pretrained", str(out / "backbone"), "--projection", str(args.projection), "-o", str(out / "base"),
-           *extra, *common)
+        if args.method == "ranpac":
+            extra += ["--projection", str(args.projection)]
+        sb("train", str(out / "first" / "train"), "--test", str(out / "first" / "test"), "--method", args.method,
+           "--pretrained", str(out / "backbone"), "-o", str(base), *extra, *common)
     peaks = {}
     for n in [int(v) for v in args.images.split(",")]:
         folder = out / f"new-{n}"
@@ -94,11 +100,11 @@ def main() -> None:
             write_images(folder, CLASSES, n // CLASSES, size, 10 + n)
         learner = out / f"learner-{n}"
         shutil.rmtree(learner, ignore_errors=True)
-        shutil.copytree(out / "base", learner)
+        shutil.copytree(base, learner)
         peak, seconds = measured("add-task", str(learner), str(folder), *common)
         peaks[n] = peak
-        print(json.dumps({"images": n, "image_size": size, "arch": args.arch, "width": args.width,
-                          "projection": args.projection, "peak_rss_mib": round(peak, 1),
+        print(json.dumps({"method": args.method, "images": n, "image_size": size, "arch": args.arch,
+                          "width": args.width, **({"projection": args.projection} if args.method == "ranpac" else {}), "peak_rss_mib": round(peak, 1),
                           "seconds": round(seconds, 1), "images_per_s": round(n / seconds, 1)}), flush=True)
         shutil.rmtree(learner)
     print(json.dumps({"largest_over_smallest_peak": round(max(peaks.values()) / min(peaks.values()), 3),

@@ -21,7 +21,8 @@ from sbcli.engine.loop import TrainConfig
 from sbcli.errors import LearnerError
 from sbcli.learner import preflight
 from sbcli.learner.state import Learner
-from sbcli.methods import ranpac
+from sbcli.methods import ranpac, simplecil
+from sbcli.methods.rules.prototype import PROTOTYPES_KEY, SCALE_KEY
 from sbcli.run import add_task as add_task_module
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -38,6 +39,22 @@ def ridge_learner(color_data, one_task_learner, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="module")
+def prototype_learner(color_data, one_task_learner, tmp_path_factory) -> Path:
+    """One task (red, green) with --method simplecil on the backbone of an sbcli learner."""
+    out = tmp_path_factory.mktemp("prototypes") / "learner"
+    run = api.RunOptions(method="simplecil", width=0.125, pretrained=str(one_task_learner), device="cpu",
+                         train=TrainConfig(epochs=1, batch_size=16), memory=0)
+    api.train(api.SequenceOptions(source=str(color_data["task1_train"]), test=str(color_data["task1_test"]), tasks=1),
+              run, out)
+    return out
+
+
+# what each frozen-backbone method that streams keeps of a step, compared streamed against decoded
+KEPT = {"ridge_learner": (ranpac.GRAM, ranpac.TARGETS, "ranpac.head"),
+        "prototype_learner": (PROTOTYPES_KEY, SCALE_KEY, simplecil.BANK, simplecil.COUNTS)}
+
+
 def test_the_fingerprint_of_a_stream_is_the_decoded_sets(color_data):
     listed = stream.FolderStream.scan(color_data["task2_train"], 16)
     running = RunningFingerprint(listed.class_names, listed.labels)
@@ -47,11 +64,13 @@ def test_the_fingerprint_of_a_stream_is_the_decoded_sets(color_data):
     assert running.result() == fingerprint(decoded)
 
 
+@pytest.mark.parametrize("kind", list(KEPT))
 def test_a_streamed_add_task_learns_what_a_decoded_one_learns_holding_two_batches_at_most(
-        ridge_learner, color_data, tmp_path, monkeypatch):
+        kind, request, color_data, tmp_path, monkeypatch):
+    learner = request.getfixturevalue(kind)
     streamed, decoded = tmp_path / "streamed", tmp_path / "decoded"
-    shutil.copytree(ridge_learner, streamed)
-    shutil.copytree(ridge_learner, decoded)
+    shutil.copytree(learner, streamed)
+    shutil.copytree(learner, decoded)
     with monkeypatch.context() as m:
         m.setattr(add_task_module, "_streams", lambda learner, trains: False)
         api.add_task(decoded, color_data["task2_train"], color_data["task2_test"], device="cpu")
@@ -73,11 +92,23 @@ def test_a_streamed_add_task_learns_what_a_decoded_one_learns_holding_two_batche
     api.add_task(streamed, color_data["task2_train"], color_data["task2_test"], device="cpu")
     assert rows and max(rows) <= 4 and sum(rows) == len(stream.FolderStream.scan(color_data["task2_train"], 16))
     a, b = Learner.load(streamed), Learner.load(decoded)
-    for key in (ranpac.GRAM, ranpac.TARGETS, "ranpac.head"):
+    for key in KEPT[kind]:
         torch.testing.assert_close(a.extra[key], b.extra[key], rtol=1e-10, atol=1e-10)
     on_disk = [json.loads((p / "learner.json").read_text()) for p in (streamed, decoded)]
     assert on_disk[0]["tasks"] == on_disk[1]["tasks"]  # the same source record: fingerprints of the same pixels
     assert on_disk[0]["history"][1]["metrics"] == on_disk[1]["history"][1]["metrics"]
+
+
+def test_simplecil_with_flips_decodes_the_new_images_whole_for_their_flipped_features(prototype_learner, color_data,
+                                                                                     tmp_path, monkeypatch):
+    learner = tmp_path / "flips"
+    shutil.copytree(prototype_learner, learner)
+    state = json.loads((learner / "learner.json").read_text())
+    assert state["method"] == "simplecil" and not state["method_config"]["prototype_flips"]
+    assert add_task_module._streams(Learner.load(learner), trains=False)
+    flipping = Learner.load(learner)
+    flipping.state.method_config = simplecil.Config(prototype_flips=True)
+    assert not add_task_module._streams(flipping, trains=False)
 
 
 def test_a_step_whose_decoded_images_would_not_fit_is_refused_before_any_work(one_task_learner, color_data,

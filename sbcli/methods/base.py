@@ -147,6 +147,11 @@ class MethodConfig:
                 if owned.refusal and owned not in chosen and getattr(self, owned.name, owned.default) != owned.default:
                     raise ConfigError(owned.refusal)
 
+    def needs_pixels(self) -> bool:
+        """Whether a later step that trains nothing needs the new images' pixels and not only their pooled
+        features (e.g. to flip them): then they are decoded whole rather than streamed."""
+        return False
+
 
 @dataclass(frozen=True)
 class MethodSpec:
@@ -163,7 +168,7 @@ class MethodSpec:
     first_plan: FirstPlan = first_task_epochs
     frozen_backbone: bool = False  # never trains the backbone after step 1: may take a timm architecture
     run_defaults: tuple[tuple[str, Any], ...] = ()  # run settings it sets when not given (e.g. no exemplars)
-    streams: bool = False  # a step that trains nothing takes TaskContext.features: its images may be streamed
+    streams: bool = False  # a step that trains nothing takes TaskContext.features (unless its Config needs_pixels())
     known_images: bool = False  # a later step may add images of classes already learned (an exact accumulation)
     any_backbone: bool = False  # trains the network whole, with no partition of sbcli's own: a timm architecture too
 

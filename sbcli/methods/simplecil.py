@@ -65,6 +65,9 @@ class Config(MethodConfig):
             raise ConfigError(f"--adapt-epochs {self.adapt_epochs} is not a count of epochs; give 0 (a frozen "
                               "backbone) or more.")
 
+    def needs_pixels(self) -> bool:
+        return self.prototype_flips  # the flipped images' features: a stream passes each image once, unflipped
+
 
 def class_prototypes(features: torch.Tensor, labels: torch.Tensor, classes: range) -> torch.Tensor:
     """Mean of the normalised ``features`` [N, D] of each class in ``classes`` -> [len(classes), D] float32.
@@ -269,7 +272,7 @@ def adapt_epochs(cfg: Config, epochs: int) -> int:
 
 @register_method("simplecil", Config, "prototypes on a frozen backbone, cosine scores (no training, no exemplars)",
                  plan=_no_training, first_plan=adapt_epochs, frozen_backbone=True,
-                 run_defaults=(("memory", 0),), title="SimpleCIL: class prototypes on a frozen backbone (Zhou et al., IJCV 2024)")
+                 run_defaults=(("memory", 0),), streams=True, title="SimpleCIL: class prototypes on a frozen backbone (Zhou et al., IJCV 2024)")
 def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     import torch
 
@@ -278,7 +281,11 @@ def learn_task(ctx: TaskContext, cfg: Config) -> TaskResult:
     start = time.perf_counter()
     classes = range(ctx.num_old, ctx.num_total)
     labels = ctx.data.labels.cpu()
-    feats, terms = step_features(ctx.engine, ctx.model, ctx.data.images, labels, classes, cfg.prototype_flips)
+    if ctx.features is not None:  # streamed (sbcli.data.stream): no exemplars, no flips, every image a new class's
+        feats = torch.nn.functional.normalize(ctx.features.float(), dim=1)
+        terms = feats
+    else:
+        feats, terms = step_features(ctx.engine, ctx.model, ctx.data.images, labels, classes, cfg.prototype_flips)
     new = labels >= ctx.num_old  # exemplars, if any were asked for, are not seen twice
     state, scale = fit_step(state, feats[new].cpu(), terms.cpu(), labels[new], classes, ctx.seed * 1000 + ctx.step)
     record = {"prototypes_from": len(terms), "flips": cfg.prototype_flips, "scale": scale,

@@ -140,11 +140,11 @@ def _known_refusal(learner: Learner) -> str | None:
 
 def _streams(learner: Learner, trains: bool) -> bool:
     """Whether the new images pass the backbone as a stream (never all decoded at once): a method that takes
-    precomputed features, at a step that trains nothing, for a learner that keeps no exemplars (whose
-    selection needs the pixels) and holds none out (``--val-fraction``)."""
+    precomputed features, at a step that trains nothing and needs no pixels (SimpleCIL's flips do), for a
+    learner that keeps no exemplars (whose selection needs the pixels) and holds none out (``--val-fraction``)."""
     state = learner.state
-    return (METHODS.get(state.method).streams and not trains and learner.memory.budget == 0
-            and state.train_config.val_fraction <= 0)
+    return (METHODS.get(state.method).streams and not trains and not state.method_config.needs_pixels()
+            and learner.memory.budget == 0 and state.train_config.val_fraction <= 0)
 
 
 def stream_features(stream: FolderStream, engine: Engine, model: torch.nn.Module) -> tuple[torch.Tensor, Fingerprint]:
