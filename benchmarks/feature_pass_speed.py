@@ -13,7 +13,9 @@ On one learner's backbone, one batch size and one thread count, each stage's ima
   difference of its features from float32's;
 - ``onnxruntime``: the backbone exported to ONNX (``forward_features``) on onnxruntime's CPU provider;
 - ``decode_then_onnxruntime``: the least an add-task pass can do: each batch decoded (the next one meanwhile),
-  then through the feature pass's own onnxruntime session; no fingerprint, no progress.
+  then through the feature pass's own onnxruntime session; no fingerprint, no progress;
+- ``feature_session_decoded``: that session alone on images already decoded (uint8 in, the normalisation
+  inside its graph): what the pass costs without decoding.
 
 Then each pass's ratio to the fastest float32 one, and what the onnxruntime pass costs before its first
 batch (``prepare_s``): the export and its check with an empty cache, then the check alone on a cache hit. Rounds alternate the passes, so that a loaded
@@ -120,6 +122,7 @@ def main() -> None:
             "add_task_pass": lambda: stream_features(stream, engine, model),
             "add_task_pass_torch": lambda: stream_features(stream, torch_engine, model),
             "decode_then_onnxruntime": lambda: [feature_pass(images) for _, images in stream.batches()],
+            "feature_session_decoded": lambda: [feature_pass(decoded[i:i + args.batch]) for i in range(0, n, args.batch)],
             "engine_forward": lambda: engine.features(model, decoded),
             "torch_loop": lambda: torch_loop(),
             "torch_loop_bf16": lambda: torch_loop(True),

@@ -97,17 +97,46 @@ def exact_float32(device: torch.device) -> Iterator[None]:
 
 
 def runnable_tasks(samples: int = 3, pause: float = 0.005) -> int | None:
-    """The median count of runnable tasks on this machine (``/proc/loadavg``), this one included; None off Linux."""
+    """The median count of runnable tasks of other processes on this machine (``/proc/loadavg``), plus one for
+    this process; None off Linux. This process's own running threads are not other work: the thread pool
+    decoding the next batch while the feature pass is prepared must not halve the pass's threads
+    (measured: a streamed 8,000-image SimpleCIL add-task passed 345 images/s on 1 thread instead of 2)."""
     counts = []
     for i in range(samples):
-        try:
-            field = Path("/proc/loadavg").read_text(encoding="ascii").split()[3]
-        except (OSError, IndexError):
+        machine = machine_running_tasks()
+        if machine is None:
             return None
-        counts.append(int(field.split("/")[0]))
+        counts.append(max(1, machine - own_running_threads() + 1))
         if i + 1 < samples:
             time.sleep(pause)
     return sorted(counts)[len(counts) // 2]
+
+
+def machine_running_tasks() -> int | None:
+    """The tasks running or runnable on this machine now, every process's threads (``/proc/loadavg``); None
+    off Linux."""
+    try:
+        return int(Path("/proc/loadavg").read_text(encoding="ascii").split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def own_running_threads() -> int:
+    """This process's threads that are running or runnable now (state R in ``/proc/self/task``; at least 1, the
+    caller's; 1 where the system does not say)."""
+    running = 0
+    try:
+        tasks = list(Path("/proc/self/task").iterdir())
+    except OSError:
+        return 1
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text(encoding="ascii", errors="replace")
+        except OSError:  # the thread ended since the listing
+            continue
+        fields = stat.rpartition(")")[2].split()
+        running += bool(fields) and fields[0] == "R"
+    return max(1, running)
 
 
 def cpu_cores() -> int:
