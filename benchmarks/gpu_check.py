@@ -63,6 +63,7 @@ class CheckConfig:
     sequence: str = "compare"  # compare, sb, none
     sequence_epochs: int | None = None  # per phase; None: fit the time left
     control: str = "auto"
+    seed: int = 0  # the comparison's initialisation and sampling seed (the class order stays seed 0)
 
 
 @dataclass
@@ -329,7 +330,8 @@ def sequence(check: Check) -> dict:
     main_rows = ("sb-wa",) if cfg.sequence == "sb" else ("sb-wa", "std-wa")
     compare = pc.CompareConfig(train=train, test=test, out=cfg.out, budget_s=None if math.isinf(budget) else budget,
                                epochs=cfg.sequence_epochs,
-                               control="no" if cfg.sequence == "sb" else cfg.control, main_rows=main_rows)
+                               control="no" if cfg.sequence == "sb" else cfg.control, main_rows=main_rows,
+                               seed=cfg.seed)
     if cfg.dry:
         compare = pc.dry_config(compare)
     # no compare.json/.md of its own: the report goes into results.json/.md, beside the other steps'
@@ -388,6 +390,8 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
     p.add_argument("--sequence", choices=("compare", "sb", "none"), default="compare")
     p.add_argument("--sequence-epochs", type=int, default=None, help="epochs a phase (default: fit the time left)")
     p.add_argument("--control", choices=("auto", "yes", "no"), default="auto")
+    p.add_argument("--seed", type=int, default=0,
+                   help="the comparison's seed (initialisation, batches; the class order stays seed 0's)")
     p.add_argument("--flops", action="store_true",
                    help="print the FLOPs per image of the benchmark's training steps (CPU, a second) and exit")
     p.add_argument("--copy-size", action="store_true",
@@ -403,7 +407,7 @@ def parse(argv: list[str] | None = None) -> CheckConfig:
     return CheckConfig(out=a.out, data=a.data, work=a.work, budget_s=a.budget_s, dry=a.dry, skip=skip,
                        bench_seconds=a.bench_seconds, bench_rounds=a.bench_rounds, bench_compile=a.bench_compile,
                        profile=a.profile,
-                       sequence=a.sequence, sequence_epochs=a.sequence_epochs, control=a.control)
+                       sequence=a.sequence, sequence_epochs=a.sequence_epochs, control=a.control, seed=a.seed)
 
 
 def copy_limit(argv: list[str]) -> float | None:

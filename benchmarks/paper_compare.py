@@ -358,6 +358,7 @@ def parse(argv: list[str] | None = None) -> tuple[CompareConfig, Path, Path | No
     p.add_argument("--min-epochs", type=int, default=10)
     p.add_argument("--control", choices=("auto", "yes", "no"), default="auto")
     p.add_argument("--rho", type=float, default=1.15)
+    p.add_argument("--seed", type=int, default=0, help="initialisation and batches (the class order stays seed 0's)")
     p.add_argument("--device", default="auto")
     p.add_argument("--precision", default="auto", choices=("auto", "bf16", "fp32"))
     p.add_argument("--no-cpu-eval", action="store_true")
@@ -384,7 +385,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"{data or 'no --data given'}: give --data, the path of {DATA_NAME}.zip (docs/lab/performance.md, On a GPU).")
     train, test = unpack(data, work / "data")
     cfg = CompareConfig(train=train, test=test, out=a.out, budget_s=a.budget_s, epochs=a.epochs, min_epochs=a.min_epochs,
-                        control=a.control, rho=a.rho, device=a.device, precision=a.precision, cpu_eval=not a.no_cpu_eval)
+                        control=a.control, rho=a.rho, seed=a.seed, device=a.device, precision=a.precision, cpu_eval=not a.no_cpu_eval)
     report = run_compare(dry_config(cfg) if dry else cfg, work / "runs")
     print(report_markdown(report))
 

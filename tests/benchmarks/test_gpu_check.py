@@ -213,6 +213,7 @@ def test_the_gpu_benchmark_is_the_issues_configuration(tmp_path):
         "--device": "cuda", "--width": "1.0", "--batch-size": "256", "--image-size": "32", "--precision": "auto"}
     parsed = gc.parse(["--out", str(tmp_path)])
     assert parsed.sequence == "compare" and parsed.budget_s is None  # the real run, in full, is the default
+    assert parsed.seed == 0 and gc.parse(["--seed", "1"]).seed == 1  # a second seed is one option
     with pytest.raises(SystemExit):
         gc.parse(["--skip", "benchmark"])  # a misspelt step is refused, not silently run
 
@@ -226,6 +227,7 @@ def test_the_rows_train_with_the_papers_optimiser_and_schedule(pc, tmp_path):
     assert (run.arch, run.width, run.memory, run.selection, seq.order_seed, seq.image_size) == (
         "resnet18", 1.0, 2000, "random", 0, 32)
     assert config(pc).rho == 1.15 and config(pc).tasks == 10
+    assert pc.options(config(pc, seed=1), 30)[1].seed == 1  # --seed 1: the second seed the issue asks for
 
 
 def test_results_md_renders_a_gpu_run(report_mod):
